@@ -1,0 +1,5 @@
+import sys
+
+from resmlp.cli import main
+
+sys.exit(main())

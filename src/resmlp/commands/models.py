@@ -1,0 +1,57 @@
+"""`resmlp models`: every preset and every Table 3 row with parameters and GMACs (the paper's Table 3)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from resmlp.complexity import complexity
+from resmlp.models.registry import PRESETS, PUBLISHED, TABLE3_ROWS, model_config
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list presets and Table 3 ablation rows with params and GMACs")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(run=run)
+
+
+def rows() -> list[dict]:
+    """Presets first, then the Table 3 rows; params and GMACs measured at the preset's resolution."""
+    out = []
+    for name in PRESETS:
+        params, gmacs = complexity(model_config(name))
+        out.append(dict(name=name, kind="preset", params=params, params_m=round(params / 1e6, 2),
+                        gmacs=round(gmacs, 2), weights=list(PUBLISHED.get(name, {}))))
+    for row in TABLE3_ROWS:
+        params, gmacs = complexity(model_config(row.preset, **row.overrides))
+        out.append(dict(name=row.label, kind="table3", preset=row.preset, overrides=row.overrides,
+                        params=params, params_m=round(params / 1e6, 2), gmacs=round(gmacs, 2),
+                        paper_params_m=row.paper_params_m, paper_gmacs=row.paper_gmacs))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    data = rows()
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    presets = Table(title="Presets (224x224, 1000 classes)")
+    for col in ("name", "params (M)", "GMACs", "published weights"):
+        presets.add_column(col, justify="left" if col in ("name", "published weights") else "right")
+    for r in data:
+        if r["kind"] == "preset":
+            presets.add_row(r["name"], f"{r["params_m"]:.2f}", f"{r["gmacs"]:.2f}", ", ".join(r["weights"]))
+    table3 = Table(title="Paper Table 3: measured vs printed")
+    for col in ("row", "params (M)", "paper", "GMACs", "paper"):
+        table3.add_column(col, justify="left" if col == "row" else "right")
+    for r in data:
+        if r["kind"] == "table3":
+            table3.add_row(r["name"], f"{r['params_m']:.2f}", f"{r['paper_params_m']:.1f}",
+                           f"{r['gmacs']:.2f}", f"{r['paper_gmacs']:.1f}")
+    console = Console()
+    console.print(presets)
+    console.print(table3)
+    return 0

@@ -1,0 +1,39 @@
+"""Model size and compute: parameters and multiply-accumulates (the paper's "FLOPs")."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from resmlp.models.resmlp import ResMLP, ResMLPConfig
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def count_gmacs(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float:
+    """Multiply-accumulates (x1e9) of one forward pass on an input of `input_shape`, batch 1.
+
+    Uses torch's FlopCounterMode (matrix products and convolutions); it counts 2 FLOPs per MAC.
+    """
+    device = next(model.parameters()).device
+    x = torch.zeros(1, *input_shape, device=device)
+    # FlopCounterMode's module tracker trips over parameters that require grad under no_grad
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.requires_grad_(False)
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model.eval()(x)
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+    return counter.get_total_flops() / 2 / 1e9
+
+
+def complexity(config: ResMLPConfig) -> tuple[int, float]:
+    """(parameters, GMACs) of a configuration, computed on the meta device: instant, no memory."""
+    with torch.device("meta"):
+        model = ResMLP(config)
+        gmacs = count_gmacs(model, (config.in_chans, config.img_size, config.img_size))
+    return count_params(model), gmacs

@@ -1,0 +1,187 @@
+"""Named presets, the paper's Table 3 rows, published weights, and registration with timm."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resmlp.models.mixer import MIXER_PRESETS
+from resmlp.models.resmlp import ResMLP, ResMLPConfig
+
+_S = dict(dim=384)
+_B = dict(dim=768)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "resmlp_s12": dict(_S, depth=12),
+    "resmlp_s24": dict(_S, depth=24),
+    "resmlp_s36": dict(_S, depth=36),
+    "resmlp_b24": dict(_B, depth=24),
+    "resmlp_s12_p14": dict(_S, depth=12, patch_size=14),
+    "resmlp_s12_p8": dict(_S, depth=12, patch_size=8),
+    "resmlp_b24_p8": dict(_B, depth=24, patch_size=8),
+    "resmlp_s12_cmlp": dict(_S, depth=12, pooling="class_mlp"),
+    "resmlp_s24_cmlp": dict(_S, depth=24, pooling="class_mlp"),
+    "resmlp_s36_cmlp": dict(_S, depth=36, pooling="class_mlp"),
+    **MIXER_PRESETS,
+}
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    url: str
+    num_classes: int = 1000
+    # preprocessing the weights were trained with (DeiT's ResMLP evaluation uses crop 0.9)
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    crop_pct: float = 0.9
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_FB = "https://dl.fbaipublicfiles.com/deit/"
+_JX = "https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/"
+_MIXER = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=0.875)
+
+# preset -> tag -> weights; the first tag is the default. Sources: the DeiT repository's ResMLP model
+# zoo and timm's pretrained configs. The published "ResMLP-B24" weights are the 8x8-patch model.
+PUBLISHED: dict[str, dict[str, PublishedWeights]] = {
+    "resmlp_s12": {
+        "fb_in1k": PublishedWeights(_FB + "resmlp_12_no_dist.pth"),
+        "fb_distilled_in1k": PublishedWeights(_FB + "resmlp_12_dist.pth"),
+        "fb_dino": PublishedWeights(_FB + "resmlp_12_dino.pth", num_classes=0),
+    },
+    "resmlp_s24": {
+        "fb_in1k": PublishedWeights(_FB + "resmlp_24_no_dist.pth"),
+        "fb_distilled_in1k": PublishedWeights(_FB + "resmlp_24_dist.pth"),
+        "fb_dino": PublishedWeights(_FB + "resmlp_24_dino.pth", num_classes=0),
+    },
+    "resmlp_s36": {
+        "fb_in1k": PublishedWeights(_FB + "resmlp_36_no_dist.pth"),
+        "fb_distilled_in1k": PublishedWeights(_FB + "resmlp_36_dist.pth"),
+    },
+    "resmlp_b24_p8": {
+        "fb_in1k": PublishedWeights(_FB + "resmlpB_24_no_dist.pth"),
+        "fb_distilled_in1k": PublishedWeights(_FB + "resmlpB_24_dist.pth"),
+        "fb_in22k_ft_in1k": PublishedWeights(_FB + "resmlpB_24_22k.pth"),
+    },
+    "mixer_b16": {
+        "goog_in21k_ft_in1k": PublishedWeights(_JX + "jx_mixer_b16_224-76587d61.pth", **_MIXER),
+        "goog_in21k": PublishedWeights(_JX + "jx_mixer_b16_224_in21k-617b3de2.pth", num_classes=21843, **_MIXER),
+    },
+    "mixer_l16": {
+        "goog_in21k_ft_in1k": PublishedWeights(_JX + "jx_mixer_l16_224-92f9adc4.pth", **_MIXER),
+        "goog_in21k": PublishedWeights(_JX + "jx_mixer_l16_224_in21k-846aa33c.pth", num_classes=21843, **_MIXER),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Table3Row:
+    """One row of the paper's Table 3 (or a preset), with the parameters and GFLOPs the paper prints."""
+
+    label: str
+    preset: str
+    overrides: dict[str, Any]
+    paper_params_m: float
+    paper_gmacs: float
+
+
+TABLE3_ROWS: list[Table3Row] = [
+    Table3Row("ResMLP-S12", "resmlp_s12", {}, 15.4, 3.0),
+    Table3Row("ResMLP-S24", "resmlp_s24", {}, 30.0, 6.0),
+    Table3Row("ResMLP-B24", "resmlp_b24", {}, 115.7, 23.0),
+    Table3Row("S12 Aff -> LayerNorm", "resmlp_s12", {"norm": "layernorm"}, 15.4, 3.0),
+    Table3Row("S12 avg pooling -> class-MLP", "resmlp_s12_cmlp", {}, 17.7, 3.0),
+    Table3Row("S12 linear -> none", "resmlp_s12", {"cross_patch": "none"}, 14.9, 2.8),
+    Table3Row("S12 linear -> MLP", "resmlp_s12", {"cross_patch": "mlp"}, 18.6, 4.3),
+    Table3Row("S12 linear -> conv 3x3", "resmlp_s12", {"cross_patch": "conv3x3"}, 30.8, 6.0),
+    Table3Row("S12 linear -> conv 3x3 depth-wise", "resmlp_s12", {"cross_patch": "dwconv3x3"}, 14.9, 2.8),
+    Table3Row("S12 linear -> conv 3x3 depth-separable", "resmlp_s12", {"cross_patch": "dwsep3x3"}, 16.7, 3.2),
+    Table3Row("ResMLP-S12/14", "resmlp_s12_p14", {}, 15.6, 4.0),
+    Table3Row("ResMLP-S12/8", "resmlp_s12_p8", {}, 22.1, 14.0),
+    Table3Row("ResMLP-B24/8", "resmlp_b24_p8", {}, 129.1, 100.2),
+]
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Names of the presets matching a shell-style pattern (e.g. 'resmlp_s*')."""
+    from fnmatch import fnmatch
+
+    return sorted(name for name in PRESETS if fnmatch(name, pattern))
+
+
+def model_config(name: str, **overrides: Any) -> ResMLPConfig:
+    """The configuration of preset `name`, with `overrides` applied and validated."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; available: {', '.join(list_models())}"
+        raise ValueError(f"unknown model {name!r}{hint}")
+    return ResMLPConfig.from_dict({**PRESETS[name], **overrides})
+
+
+def create_model(
+    name: str,
+    pretrained: bool | str = False,
+    checkpoint_path: str | Path | None = None,
+    **overrides: Any,
+) -> ResMLP:
+    """Build preset `name`; optionally load published weights (`pretrained=True` or a tag) or a file.
+
+    When `num_classes` is overridden and differs from the weights' class count, the head is left freshly
+    initialised (the usual fine-tuning start).
+    """
+    from resmlp.checkpoint import download_published, load_checkpoint
+
+    weights = published_weights(name, pretrained) if pretrained else None
+    if weights is not None and "num_classes" not in overrides:
+        overrides["num_classes"] = weights.num_classes
+    model = ResMLP(model_config(name, **overrides))
+    if weights is not None:
+        path = download_published(weights.url)
+        load_checkpoint(model, path, reset_head=model.config.num_classes != weights.num_classes)
+    if checkpoint_path is not None:
+        load_checkpoint(model, checkpoint_path, reset_head="num_classes" in overrides)
+    return model
+
+
+def published_weights(name: str, tag: bool | str = True) -> PublishedWeights:
+    """The published weights of preset `name` (`tag=True` for the default tag)."""
+    tags = PUBLISHED.get(name)
+    if not tags:
+        with_weights = ", ".join(sorted(PUBLISHED))
+        raise ValueError(f"no published weights for {name!r}; presets with weights: {with_weights}")
+    if tag is True:
+        return next(iter(tags.values()))
+    if tag not in tags:
+        raise ValueError(f"{name!r} has no weights tagged {tag!r}; tags: {', '.join(tags)}")
+    return tags[tag]
+
+
+_TIMM_ONLY_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
+
+
+def _timm_entrypoint(name: str):
+    def entrypoint(pretrained: bool = False, **kwargs: Any) -> ResMLP:
+        for key in _TIMM_ONLY_KWARGS:
+            kwargs.pop(key, None)
+        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+        model = create_model(name, pretrained=pretrained, **kwargs)
+        return model.to(device=device, dtype=dtype) if (device or dtype) else model
+
+    entrypoint.__name__ = entrypoint.__qualname__ = name
+    entrypoint.__module__ = __name__
+    entrypoint.__doc__ = f"resmlp preset {name} ({PRESETS[name]})"
+    return entrypoint
+
+
+def register_with_timm() -> None:
+    """Make every preset available as timm.create_model(name)."""
+    from timm.models import is_model, register_model
+
+    for name in PRESETS:
+        if not is_model(name):
+            register_model(_timm_entrypoint(name))
