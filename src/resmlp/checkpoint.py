@@ -113,7 +113,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
         try:
             with safe_open(str(path), framework="pt") as f:
                 raw_meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         except Exception as e:  # safetensors raises its own error types for bad headers and short files
             raise CheckpointError(f"{path} is not a readable safetensors file ({e}); it may be truncated or "
                                   "of another format: re-download or re-save it") from None
@@ -273,7 +273,10 @@ def _check_fits(model: ResMLP, state_dict: dict[str, torch.Tensor], path: str | 
         return
     lines = [f"{path} does not fit this model ({_describe(model.config)}):"]
     try:
-        theirs = infer_config(state_dict, **({"img_size": model.config.img_size}))
+        try:
+            theirs = infer_config(state_dict)
+        except CheckpointError:  # convolutional/none cross-patch: the size isn't in the weights
+            theirs = infer_config(state_dict, img_size=model.config.img_size)
         diffs = [f"{f}: checkpoint {getattr(theirs, f)!r}, model {getattr(model.config, f)!r}"
                  for f in ("dim", "depth", "patch_size", "img_size", "in_chans", "num_classes", "cross_patch",
                            "norm", "pooling", "pos_embed", "mlp_ratio")

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         presets.add_column(col, justify="left" if col in ("name", "published weights") else "right")
     for r in data:
         if r["kind"] == "preset":
-            presets.add_row(r["name"], f"{r["params_m"]:.2f}", f"{r["gmacs"]:.2f}", ", ".join(r["weights"]))
+            presets.add_row(r["name"], f"{r['params_m']:.2f}", f"{r['gmacs']:.2f}", ", ".join(r["weights"]))
     table3 = Table(title="Paper Table 3: measured vs printed")
     for col in ("row", "params (M)", "paper", "GMACs", "paper"):
         table3.add_column(col, justify="left" if col == "row" else "right")

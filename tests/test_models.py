@@ -1,0 +1,125 @@
+"""The model core: every configuration builds and runs, the API behaves as timm users expect."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import resmlp
+from resmlp.layers import ACTIVATIONS, CROSS_PATCH, NORMS, CrossPatchLinear, LayerScale
+from resmlp.models.resmlp import ResMLP, ResMLPConfig, default_layerscale_init
+
+
+@pytest.mark.parametrize(
+    "cross_patch,norm,act,pooling",
+    [*((c, "affine", "gelu", "avg") for c in CROSS_PATCH),
+     *((("linear", n, a, p) for n, a, p in itertools.product(NORMS, ACTIVATIONS, ("avg", "class_mlp"))))],
+)
+def test_every_variant_trains_a_step(cross_patch, norm, act, pooling, tiny_config):
+    cfg = tiny_config.replace(cross_patch=cross_patch, norm=norm, act=act, pooling=pooling)
+    model = ResMLP(cfg)
+    x = torch.randn(4, 3, 32, 32)
+    logits = model(x)
+    assert logits.shape == (4, 7)
+    logits.logsumexp(-1).mean().backward()
+    stem_grad = model.stem.proj.weight.grad
+    assert stem_grad is not None and stem_grad.abs().sum() > 0
+
+
+def test_cross_patch_linear_is_A_times_X():
+    layer = CrossPatchLinear(6)
+    x = torch.randn(2, 6, 5)
+    expected = torch.einsum("nm,bmc->bnc", layer.weight, x) + layer.bias[None, :, None]
+    torch.testing.assert_close(layer(x), expected)
+
+
+def test_cross_patch_mixes_patches_but_not_channels(tiny_config):
+    """Changing one patch changes the others' outputs only through the cross-patch layer."""
+    for kind, should_mix in (("linear", True), ("none", False)):
+        model = ResMLP(tiny_config.replace(cross_patch=kind)).eval()
+        x = torch.randn(1, 3, 32, 32)
+        tokens = model.forward_features(x)
+        x2 = x.clone()
+        x2[..., :8, :8] += 1.0  # first patch only
+        tokens2 = model.forward_features(x2)
+        others_changed = (tokens2[:, 1:] - tokens[:, 1:]).abs().max() > 1e-6
+        assert bool(others_changed) == should_mix
+
+
+def test_layerscale_init_follows_depth():
+    assert [default_layerscale_init(d) for d in (6, 12, 13, 24, 25, 36)] == [0.1, 0.1, 1e-5, 1e-5, 1e-6, 1e-6]
+    for depth, value in ((12, 0.1), (24, 1e-5), (36, 1e-6)):
+        model = ResMLP(ResMLPConfig(img_size=32, patch_size=16, dim=8, depth=depth))
+        gammas = torch.cat([m.gamma.detach() for m in model.modules() if isinstance(m, LayerScale)])
+        torch.testing.assert_close(gammas, torch.full_like(gammas, value))
+    custom = ResMLP(ResMLPConfig(img_size=32, patch_size=16, dim=8, depth=2, layerscale_init=0.2))
+    assert float(custom.blocks[0].channel_scale.gamma[0]) == pytest.approx(0.2)
+
+
+def test_model_api_shapes(tiny_config):
+    model = ResMLP(tiny_config.replace(pos_embed=True)).eval()
+    x = torch.randn(3, 3, 32, 32)
+    tokens = model.forward_features(x)
+    assert tokens.shape == (3, 16, 32)
+    assert model.forward_head(tokens, pre_logits=True).shape == (3, 32)
+    torch.testing.assert_close(model.forward_head(tokens), model(x))
+    layers = model.get_intermediate_layers(x, n=2)
+    assert len(layers) == 2 and all(t.shape == (3, 16, 32) for t in layers)
+    torch.testing.assert_close(layers[-1], tokens)
+    assert len(model.get_intermediate_layers(x, n=[0])) == 1
+    with pytest.raises(ValueError, match="out of range"):
+        model.get_intermediate_layers(x, n=[5])
+    model.reset_classifier(3)
+    assert model(x).shape == (3, 3) and model.config.num_classes == 3
+    model.reset_classifier(0)
+    assert model(x).shape == (3, 32)
+    assert "pos_embed" in model.no_weight_decay()
+
+
+@pytest.mark.parametrize(
+    "x,match",
+    [
+        (torch.randn(3, 32, 32), "batch dimension"),
+        (torch.randn(1, 1, 32, 32), "1 channels but the model expects 3"),
+        (torch.randn(1, 3, 28, 28), "expects 32x32.*N=16 patches"),
+        (torch.zeros(1, 3, 32, 32, dtype=torch.uint8), "floating-point"),
+        (torch.randn(1, 3, 32, 32, dtype=torch.float64), "dtype"),
+    ],
+)
+def test_bad_input_is_a_clear_value_error(x, match, tiny_config):
+    with pytest.raises(ValueError, match=match):
+        ResMLP(tiny_config)(x)
+
+
+def test_bf16_autocast_accepts_float_input(tiny_config):
+    model = ResMLP(tiny_config).eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(torch.randn(2, 3, 32, 32))
+    assert out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (dict(cross_patch="attention"), "cross_patch='attention' is not one of"),
+        (dict(norm="group"), "norm='group'"),
+        (dict(img_size=30), "not a multiple of patch_size"),
+        (dict(depht=3), "unknown model option"),
+        (dict(drop_path_rate=1.5), "drop_path_rate"),
+    ],
+)
+def test_bad_config_is_rejected(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        resmlp.create_model("resmlp_s12", **overrides)
+
+
+def test_unknown_preset_suggests_close_names():
+    with pytest.raises(ValueError, match="did you mean.*resmlp_s12"):
+        resmlp.create_model("resmlp_s21")
+
+
+def test_grayscale_model(tiny_config):
+    model = ResMLP(tiny_config.replace(in_chans=1))
+    assert model(torch.randn(2, 1, 32, 32)).shape == (2, 7)
