@@ -242,6 +242,11 @@ class ResMLP(nn.Module):
                 outputs.append(self.norm(x))
         return outputs
 
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups by depth, for timm's layer-wise lr decay (create_optimizer_v2(layer_decay=...))."""
+        blocks = r"^blocks\.(\d+)" if coarse else [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]
+        return {"stem": r"^stem|^pos_embed", "blocks": blocks}
+
     def no_weight_decay(self) -> set[str]:
         """Parameter names excluded from weight decay besides 1-D ones (timm's optimizer factory asks)."""
         names = {"pos_embed"} if self.pos_embed is not None else set()
