@@ -223,3 +223,15 @@ def test_published_weights_table_points_at_real_file_names():
     names = {w.url.rsplit("/", 1)[-1] for tags in registry.PUBLISHED.values() for w in tags.values()}
     assert "resmlp_12_no_dist.pth" in names and "resmlpB_24_22k.pth" in names
     assert all(Path(n).suffix == ".pth" for n in names)
+
+
+def test_timm_models_save_and_load_alone(tmp_path):
+    """A convnet teacher trained by this project's engine is saved and rebuilt like our models."""
+    convnet = timm.create_model("resnet10t", num_classes=4, in_chans=1).eval()
+    path = resmlp.save(convnet, tmp_path / "teacher.safetensors", metadata={"class_names": list("abcd")})
+    loaded = resmlp.load(path).eval()
+    assert type(loaded) is type(convnet)
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(_logits(loaded, x), _logits(convnet, x))
+    with pytest.raises(ValueError, match="not Linear"):
+        resmlp.save(torch.nn.Linear(2, 2), tmp_path / "x.safetensors")

@@ -130,7 +130,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
 
 def _decode_metadata(raw: dict[str, str]) -> dict[str, Any]:
     meta: dict[str, Any] = {}
-    for key in ("config", "extra"):
+    for key in ("config", "timm", "extra"):
         if key in raw:
             try:
                 meta[key] = json.loads(raw[key])
@@ -298,9 +298,14 @@ def _describe(cfg: ResMLPConfig) -> str:
     return f"dim {cfg.dim}, depth {cfg.depth}, {cfg.img_size}px/{cfg.patch_size}, {cfg.num_classes} classes"
 
 
-def load(path: str | Path, **overrides: Any) -> ResMLP:
-    """Rebuild a model from a checkpoint alone: ours (config in the metadata), timm's or DeiT's."""
+def load(path: str | Path, **overrides: Any) -> torch.nn.Module:
+    """Rebuild a model from a checkpoint alone: ours (config in the metadata), timm's or DeiT's.
+
+    A file written by `save` for a timm model (e.g. a convnet teacher) rebuilds that timm model.
+    """
     tensors, meta = read_checkpoint(path)
+    if "timm" in meta:
+        return _load_timm_model(path, tensors, meta["timm"], overrides)
     state_dict = to_resmlp_keys(tensors)
     if "config" in meta:
         config = ResMLPConfig.from_dict({**meta["config"], **overrides})
@@ -312,14 +317,37 @@ def load(path: str | Path, **overrides: Any) -> ResMLP:
     return model
 
 
+def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: dict[str, Any],
+                     overrides: dict[str, Any]) -> torch.nn.Module:
+    import timm
+
+    model = timm.create_model(spec["name"], pretrained=False, **{**spec["kwargs"], **overrides})
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path} does not fit timm's {spec['name']} with {spec['kwargs']}: {e}") from None
+    return model
+
+
 # ------------------------------------------------------------------------------------------ saving
-def save(model: ResMLP, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
-    """Write weights as safetensors with the config (and JSON-able `metadata`) inside; atomically."""
+def save(model: torch.nn.Module, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
+    """Write weights as safetensors with the config (and JSON-able `metadata`) inside; atomically.
+
+    Takes this project's models and timm models (built by timm.create_model, whose name and arguments are
+    stored so that `load` rebuilds them).
+    """
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"resmlp.save writes safetensors; name the file *.safetensors, not {path.name}")
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    raw_meta = {"format": "resmlp", "config": json.dumps(model.config.to_dict())}
+    if isinstance(model, ResMLP):
+        raw_meta = {"format": "resmlp", "config": json.dumps(model.config.to_dict())}
+    elif getattr(model, "pretrained_cfg", {}).get("architecture"):
+        spec = {"name": model.pretrained_cfg["architecture"], "kwargs": getattr(model, "_model_args", {})}
+        raw_meta = {"format": "resmlp", "timm": json.dumps(spec)}
+    else:
+        raise ValueError(f"resmlp.save stores ResMLP/Mixer models and timm models (made by timm.create_model), "
+                         f"not {type(model).__name__}; use torch.save(model.state_dict(), ...) for others")
     if metadata:
         raw_meta["extra"] = json.dumps(metadata)
     return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=raw_meta))

@@ -1,0 +1,395 @@
+"""The paper's Table 1 on the machine at hand: parameters, GMACs, throughput, peak memory, optional top-1.
+
+Model specs are `NAME[:key=value,...]`: NAME is one of this project's presets, any timm model name
+(random weights, nothing is downloaded) or a checkpoint file; the overrides are constructor arguments
+(ResMLPConfig fields for our presets). In a comma-separated list, a `key=value` item belongs to the model
+before it, so `resmlp_s12:dim=64,depth=2,resnet18` is two models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import ctypes
+import difflib
+import gc
+import math
+import multiprocessing
+import resource
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from resmlp.checkpoint import atomic_write
+from resmlp.complexity import count_gmacs, count_params
+
+DEFAULT_MODELS = "resmlp_s12,resmlp_s24,mixer_s16,deit_small_patch16_224,resnet50,resmlp_12_224"
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+CSV_COLUMNS = (
+    "model",
+    "img_size",
+    "params_m",
+    "gmacs",
+    "batch_size",
+    "throughput_img_s",
+    "throughput_b1_img_s",
+    "peak_memory_mb",
+    "weights_mb",
+    "top1",
+    "device",
+    "threads",
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model to benchmark: a preset, timm name or checkpoint file, and its constructor overrides."""
+
+    name: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    text: str = ""  # as written on the command line
+
+    @property
+    def label(self) -> str:
+        return self.text or self.name
+
+
+def parse_value(text: str) -> Any:
+    """'64' -> 64, '0.5' -> 0.5, 'true'/'false' -> bool, 'null' -> None, anything else stays a string.
+
+    'none' stays a string: it is a value of cross_patch and norm.
+    """
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "null":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_models(text: str) -> list[ModelSpec]:
+    """Split `a:k=v,k2=v2,b` into specs; a `key=value` item extends the overrides of the model before it."""
+    groups: list[list[str]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item.split("=", 1)[0]:
+            if not groups:
+                raise ValueError(f"override {item!r} comes before any model name; write NAME:key=value,...")
+            groups[-1].append(item)
+        else:
+            groups.append(item.split(":", 1) if ":" in item else [item])
+    specs = []
+    for name, *pairs in groups:
+        overrides = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"bad override {pair!r} for {name}; expected key=value, e.g. dim=64")
+            overrides[key.strip()] = parse_value(value)
+        text = name if not pairs else f"{name}:{','.join(pairs)}"
+        specs.append(ModelSpec(name.strip(), overrides, text))
+    if not specs:
+        raise ValueError("no models given; e.g. --models resmlp_s12,resnet50")
+    return specs
+
+
+def build_model(spec: ModelSpec, img_size: int | None = None) -> tuple[nn.Module, tuple[int, int, int]]:
+    """The model (eval mode) and its (channels, height, width) input, from a preset, timm name or file."""
+    from resmlp.models.registry import PRESETS, create_model
+
+    overrides = dict(spec.overrides)
+    if img_size is not None:
+        overrides["img_size"] = img_size
+    if spec.name.endswith(CHECKPOINT_SUFFIXES):
+        from resmlp.checkpoint import load
+
+        model = load(spec.name, **overrides)
+    elif spec.name in PRESETS:
+        model = create_model(spec.name, **overrides)
+    else:
+        model = _timm_model(spec.name, overrides)
+    model.eval()
+    if hasattr(model, "config"):  # ours
+        return model, (model.config.in_chans, model.config.img_size, model.config.img_size)
+    from timm.data import resolve_model_data_config
+
+    chans, height, width = resolve_model_data_config(model)["input_size"]
+    size = overrides.get("img_size")
+    return model, (chans, size or height, size or width)
+
+
+def _timm_model(name: str, overrides: dict[str, Any]) -> nn.Module:
+    import timm
+
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(
+            f"{name!r} is neither a resmlp preset (resmlp models), a timm model nor a checkpoint file{hint}"
+        )
+    try:
+        return timm.create_model(name, pretrained=False, **overrides)
+    except TypeError:
+        if "img_size" not in overrides:
+            raise
+        # convnets take no img_size argument because they accept any input size: feed it the size instead
+        rest = {k: v for k, v in overrides.items() if k != "img_size"}
+        return timm.create_model(name, pretrained=False, **rest)
+
+
+# ------------------------------------------------------------------------------------------ memory
+def _rss_kib(field_name: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    raise OSError(f"{field_name} missing from /proc/self/status")
+
+
+def _release_free_heap() -> None:
+    """Hand memory that Python and torch have freed back to the OS (glibc keeps it otherwise)."""
+    gc.collect()
+    # not glibc: the measurement may then miss memory reused from the warm-up
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _cpu_peak_child(spec: ModelSpec, batch_size: int, img_size: int | None) -> float:
+    """Runs in a fresh process: MiB by which resident memory grows during one forward pass.
+
+    A warm-up pass first does one-time allocations (kernel caches); freed memory is then trimmed back to
+    the OS and the kernel's peak-RSS mark is reset (/proc/self/clear_refs, Linux >= 4.0), so VmHWM - VmRSS
+    after the second pass is exactly that pass's growth. Without clear_refs (not Linux), the fallback is
+    the ru_maxrss growth over both passes, which can only over-estimate.
+    """
+    model, shape = build_model(spec, img_size)
+    x = torch.randn(batch_size, *shape)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with torch.inference_mode():
+        model(x)
+        _release_free_heap()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            base = _rss_kib("VmRSS")
+            model(x)
+            return (_rss_kib("VmHWM") - base) / 1024
+        except OSError:
+            model(x)
+            growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+            return growth / 2**20 if sys.platform == "darwin" else growth / 1024  # bytes on macOS, else KiB
+
+
+def cpu_peak_memory_mb(spec: ModelSpec, batch_size: int, img_size: int | None) -> float:
+    """Peak RSS growth of one forward pass, measured in its own process so models can't share freed memory.
+
+    The process comes from a fork server: forking this (threaded) process could deadlock the child on a
+    lock some thread held, spawning re-imports torch every time (seconds); the server imports it once and
+    forks clean single-threaded children.
+    """
+    with ProcessPoolExecutor(1, mp_context=_fresh_process_context()) as pool:
+        return pool.submit(_cpu_peak_child, spec, batch_size, img_size).result()
+
+
+def _fresh_process_context() -> multiprocessing.context.BaseContext:
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
+def cuda_peak_memory_mb(model: nn.Module, x: torch.Tensor) -> float:
+    """Peak CUDA memory allocated during one forward pass beyond what was allocated before it (MiB)."""
+    with torch.inference_mode():
+        model(x)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        model(x)
+        torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 1024**2
+
+
+# ------------------------------------------------------------------------------------------ throughput
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_throughput(
+    models: dict[str, tuple[nn.Module, torch.Tensor]], repeats: int, warmup: int, min_time: float
+) -> dict[str, float]:
+    """Median images/s per model, measured in interleaved rounds so machine load hits all models alike.
+
+    Every round times each model once (order rotated per round); a timing runs enough forward passes to
+    last about `min_time` seconds, as estimated from the last warm-up pass.
+    """
+    iters: dict[str, int] = {}
+    with torch.inference_mode():
+        for label, (model, x) in models.items():
+            elapsed = 0.0
+            for _ in range(max(1, warmup)):
+                start = time.perf_counter()
+                model(x)
+                _sync(x.device)
+                elapsed = time.perf_counter() - start
+            iters[label] = max(1, math.ceil(min_time / max(elapsed, 1e-6)))
+        samples: dict[str, list[float]] = {label: [] for label in models}
+        labels = list(models)
+        for round_ in range(repeats):
+            shift = round_ % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                model, x = models[label]
+                start = time.perf_counter()
+                for _ in range(iters[label]):
+                    model(x)
+                _sync(x.device)
+                samples[label].append(iters[label] * len(x) / (time.perf_counter() - start))
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
+# ------------------------------------------------------------------------------------------ table
+def run_benchmark(
+    specs: list[ModelSpec],
+    batch_size: int = 32,
+    repeats: int = 5,
+    warmup: int = 2,
+    min_time: float = 0.3,
+    device: str = "cpu",
+    img_size: int | None = None,
+    accuracies: dict[str, float] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per model with the CSV_COLUMNS, all models measured in the same run."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu")
+    accuracies = _match_accuracies(specs, accuracies or {})
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"a model is listed twice in {labels}; give each once")
+    # CPU memory first: the measuring processes are forked before this process has run any forward pass
+    memory = {}
+    if dev.type == "cpu":
+        memory = {
+            label: cpu_peak_memory_mb(s, batch_size, img_size) for label, s in zip(labels, specs, strict=True)
+        }
+    rows, batched, single = [], {}, {}
+    for label, spec in zip(labels, specs, strict=True):
+        model, shape = build_model(spec, img_size)
+        params = count_params(model)
+        gmacs = count_gmacs(model, shape)
+        model.to(dev)
+        batched[label] = (model, torch.randn(batch_size, *shape, device=dev))
+        single[label] = (model, torch.randn(1, *shape, device=dev))
+        if dev.type == "cuda":
+            memory[label] = cuda_peak_memory_mb(model, batched[label][1])
+        rows.append(
+            dict(
+                model=label,
+                img_size=shape[-1],
+                params_m=round(params / 1e6, 2),
+                gmacs=float(f"{gmacs:.4g}"),
+                batch_size=batch_size,
+                peak_memory_mb=round(memory[label], 1),
+                weights_mb=round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1),
+                top1=accuracies.get(label),
+                device=str(dev),
+                threads=torch.get_num_threads(),
+            )
+        )
+    speed = measure_throughput(batched, repeats, warmup, min_time)
+    speed_1 = measure_throughput(single, repeats, warmup, min_time)
+    for row in rows:
+        row["throughput_img_s"] = round(speed[row["model"]], 1)
+        row["throughput_b1_img_s"] = round(speed_1[row["model"]], 1)
+    return [{k: row[k] for k in CSV_COLUMNS} for row in rows]
+
+
+def parse_accuracies(text: str) -> dict[str, float]:
+    """'resmlp_s12=76.6,resnet50=80.4' -> {'resmlp_s12': 76.6, ...}."""
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.rpartition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise ValueError(f"bad accuracy {item!r}; expected MODEL=TOP1, e.g. resmlp_s12=76.6")
+    return out
+
+
+def _match_accuracies(specs: list[ModelSpec], accuracies: dict[str, float]) -> dict[str, float]:
+    """Accuracy keys may be a model's full label or its bare name; every key must match a listed model."""
+    out = {}
+    for key, value in accuracies.items():
+        hits = [s.label for s in specs if key in (s.label, s.name)]
+        if not hits:
+            raise ValueError(
+                f"--accuracy names {key!r}, which is not in --models ({', '.join(s.name for s in specs)})"
+            )
+        out.update(dict.fromkeys(hits, value))
+    return out
+
+
+def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(CSV_COLUMNS))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    return atomic_write(path, write)
+
+
+def plot_tradeoff(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Throughput (log scale) vs top-1 of the rows that have an accuracy, like the paper's trade-off plots."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
+
+    points = [r for r in rows if r["top1"] is not None]
+    if not points:
+        raise ValueError("the throughput-vs-accuracy plot needs accuracies: pass --accuracy MODEL=TOP1,...")
+    fig, ax = plt.subplots(figsize=(6.5, 4.5), layout="constrained")
+    for i, r in enumerate(sorted(points, key=lambda r: r["throughput_img_s"])):
+        ax.scatter(r["throughput_img_s"], r["top1"], s=30)
+        note = ax.annotate(
+            r["model"].split(":")[0],
+            (r["throughput_img_s"], r["top1"]),
+            textcoords="offset points",
+            xytext=(5, 4 if i % 2 == 0 else -11),  # alternate above/below: neighbours may coincide
+            fontsize=8,
+        )
+        note.set_in_layout(False)  # long names must not squeeze the axes
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(ScalarFormatter())
+    ax.margins(x=0.25, y=0.15)
+    ax.set_xlabel(f"Throughput (images/s, batch {points[0]['batch_size']}, {points[0]['device']})")
+    ax.set_ylabel("Top-1 accuracy (%)")
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title("Accuracy vs throughput on this machine", fontsize=10)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    return atomic_write(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))

@@ -1,0 +1,54 @@
+"""`resmlp analyze CHECKPOINT --out DIR`: the paper's weight figures and sparsity numbers for a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="weight figures (paper Fig. 2, 3; Mixer Fig. 5, 7) and sparsity numbers for a checkpoint",
+        description="Write DIR/index.html with the cross-patch matrices (ResMLP), token-mixing units "
+        "(Mixer), patch-embedding units and per-layer sparsity, plus the numbers as JSON/CSV/NPZ.",
+    )
+    p.add_argument("checkpoint", help="a model file: ours (.safetensors), timm's or DeiT's (.pth)")
+    p.add_argument("--out", required=True, help="output directory (created if missing)")
+    p.add_argument(
+        "--layers",
+        type=_layer_list,
+        default=None,
+        help="comma-separated 1-based layers to draw, e.g. 1,5,12 (default: all)",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.05,
+        help="a weight counts as 'small' below this fraction of its matrix's max |w| (default 0.05)",
+    )
+    p.set_defaults(run=run)
+
+
+def _layer_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        message = f"expected comma-separated layer numbers like 1,5,12, got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from resmlp.analysis.report import write_report
+    from resmlp.checkpoint import load
+
+    model = load(args.checkpoint).eval()
+    report = write_report(
+        model, args.out, layers=args.layers, threshold=args.threshold, source=args.checkpoint
+    )
+    for name in report.figures:
+        print(f"wrote {report.out_dir / name}")
+    for note in report.not_applicable:
+        print(f"skipped: {note}")
+    print(f"numbers: {', '.join(str(report.out_dir / n) for n in report.numbers)}")
+    print(f"open {report.index}")
+    return 0

@@ -1,0 +1,129 @@
+"""`resmlp benchmark`: the paper's Table 1 (params, GMACs, throughput, peak memory, top-1) on this machine."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from resmlp.analysis.benchmark import DEFAULT_MODELS
+
+    p = sub.add_parser(
+        "benchmark",
+        help="Table 1 for this machine: params, GMACs, throughput at batch N and 1, peak memory, top-1",
+        description="Measure all models in one run (interleaved rounds after warm-up, median reported). "
+        "Models: our presets, timm model names (random weights) or checkpoint files, each with optional "
+        "overrides NAME:key=value,key=value (e.g. resmlp_s12:dim=64,depth=2,img_size=32,patch_size=8).",
+    )
+    p.add_argument(
+        "--models", default=DEFAULT_MODELS, help=f"comma-separated model specs (default: {DEFAULT_MODELS})"
+    )
+    p.add_argument(
+        "--batch-size", type=_positive_int, default=32, help="batch for throughput and memory (default 32)"
+    )
+    p.add_argument(
+        "--repeats", type=_positive_int, default=5, help="timed rounds per model; median reported (5)"
+    )
+    p.add_argument(
+        "--warmup", type=_positive_int, default=2, help="untimed forward passes per model first (2)"
+    )
+    p.add_argument(
+        "--min-time",
+        type=float,
+        default=0.3,
+        help="seconds one timed measurement should last; sets the passes per measurement (0.3)",
+    )
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available, else cpu"
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="CPU threads for torch (default: torch's own choice, usually the core count)",
+    )
+    p.add_argument(
+        "--img-size",
+        type=_positive_int,
+        default=None,
+        help="input resolution for every model (default: each model's own, 224 for the defaults)",
+    )
+    p.add_argument(
+        "--accuracy",
+        default=None,
+        help="known top-1 per model for the table and plot, e.g. resmlp_s12=76.6,resnet50=80.4",
+    )
+    p.add_argument("--output", default=None, help="write the table as CSV here")
+    p.add_argument("--plot", default=None, help="write a throughput-vs-accuracy PNG here (needs --accuracy)")
+    p.set_defaults(run=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from resmlp.analysis import benchmark
+
+    accuracies = benchmark.parse_accuracies(args.accuracy) if args.accuracy else {}
+    if args.plot and not accuracies:
+        raise ValueError("--plot draws throughput against accuracy: pass --accuracy MODEL=TOP1,... as well")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads or threads)
+    try:
+        rows = benchmark.run_benchmark(
+            benchmark.parse_models(args.models),
+            batch_size=args.batch_size,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            min_time=args.min_time,
+            device=device,
+            img_size=args.img_size,
+            accuracies=accuracies,
+        )
+    finally:
+        torch.set_num_threads(threads)  # run() may be called in-process (tests, notebooks)
+    memory_note = (
+        "growth of torch.cuda.max_memory_allocated"
+        if device == "cuda"
+        else "growth of peak RSS, each model in its own process"
+    )
+    table = Table(
+        title=f"Table 1 on this machine: {device}, {rows[0]['threads']} threads, fp32, "
+        f"median of {args.repeats} interleaved rounds",
+        caption=f"peak MB: memory one forward pass at batch {args.batch_size} adds to the loaded "
+        f"model ({memory_note}); weights MB: parameter storage",
+    )
+    columns = [
+        ("model", "model"),
+        ("img", "img_size"),
+        ("params (M)", "params_m"),
+        ("GMACs", "gmacs"),
+        (f"im/s @{args.batch_size}", "throughput_img_s"),
+        ("im/s @1", "throughput_b1_img_s"),
+        ("peak MB", "peak_memory_mb"),
+        ("weights MB", "weights_mb"),
+    ]
+    if accuracies:
+        columns.append(("top-1", "top1"))
+    for title, _ in columns:
+        table.add_column(title, justify="left" if title == "model" else "right")
+    for row in rows:
+        table.add_row(*("" if row[key] is None else str(row[key]) for _, key in columns))
+    console = Console()
+    if not console.is_terminal:  # piped to a file: don't squeeze the table into 80 columns
+        console = Console(width=160)
+    console.print(table)
+    if args.output:
+        print(f"wrote {benchmark.write_csv(rows, args.output)}")
+    if args.plot:
+        print(f"wrote {benchmark.plot_tradeoff(rows, args.plot)}")
+    return 0

@@ -1,0 +1,127 @@
+"""resmlp benchmark: model specs, the measurements, and the command's CSV/plot output."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+import resmlp
+from resmlp.analysis import benchmark
+from resmlp.analysis.benchmark import ModelSpec
+from resmlp.cli import main
+from resmlp.complexity import count_params
+
+TINY_OURS = "resmlp_s12:dim=32,depth=2,img_size=32,patch_size=8,num_classes=10"
+TINY_TIMM = "test_resnet:num_classes=10,img_size=64"  # a convnet: img_size only sets the input
+
+
+def test_model_specs_group_overrides_with_the_model_before_them():
+    specs = benchmark.parse_models(f"{TINY_OURS},resnet50, mixer_s16:act=relu,drop_rate=0.1,layerscale=false")
+    assert [s.name for s in specs] == ["resmlp_s12", "resnet50", "mixer_s16"]
+    assert specs[0].overrides == dict(dim=32, depth=2, img_size=32, patch_size=8, num_classes=10)
+    assert specs[0].label == TINY_OURS
+    assert specs[1].overrides == {} and specs[1].label == "resnet50"
+    assert specs[2].overrides == dict(act="relu", drop_rate=0.1, layerscale=False)
+    assert benchmark.parse_value("null") is None and benchmark.parse_value("none") == "none"  # cross_patch=none
+    with pytest.raises(ValueError, match="before any model"):
+        benchmark.parse_models("dim=3,resmlp_s12")
+    with pytest.raises(ValueError, match="key=value"):
+        benchmark.parse_models("resmlp_s12:dim")
+
+
+def test_specs_build_presets_timm_models_and_checkpoint_files(tmp_path):
+    model, shape = benchmark.build_model(benchmark.parse_models(TINY_OURS)[0])
+    assert shape == (3, 32, 32) and model.config.dim == 32 and not model.training
+    model, shape = benchmark.build_model(ModelSpec("test_resnet"), img_size=48)  # convnets: any size
+    assert shape == (3, 48, 48) and not isinstance(model, resmlp.ResMLP)
+    path = resmlp.save(
+        resmlp.create_model("resmlp_s12", dim=16, depth=1, img_size=16, patch_size=4),
+        tmp_path / "m.safetensors",
+    )
+    model, shape = benchmark.build_model(ModelSpec(str(path)))
+    assert shape == (3, 16, 16) and model.config.dim == 16
+    with pytest.raises(ValueError, match="did you mean resmlp_s12"):
+        benchmark.build_model(ModelSpec("resmlp_s121"))
+
+
+def test_cpu_peak_memory_grows_with_the_activations():
+    # fc1 activations are batch x 64 patches x 256 x 4 bytes: 4 MiB each at batch 64, 0.25 MiB at batch 4
+    spec = benchmark.parse_models("resmlp_s12:dim=64,depth=1,img_size=64,patch_size=8")[0]
+    small = benchmark.cpu_peak_memory_mb(spec, 4, None)
+    large = benchmark.cpu_peak_memory_mb(spec, 64, None)
+    assert 0 <= small < large and large - small > 4
+
+
+def test_throughput_is_the_median_over_rounds_of_images_per_second():
+    import torch
+
+    calls = []
+
+    class Sleepy(torch.nn.Module):
+        def forward(self, x):
+            calls.append(len(x))
+            return x
+
+    speeds = benchmark.measure_throughput(
+        {"a": (Sleepy(), torch.zeros(8, 1))}, repeats=3, warmup=1, min_time=0.0
+    )
+    assert len(calls) == 1 + 3 and all(n == 8 for n in calls)  # one warm-up pass, then one pass per round
+    assert speeds["a"] > 0
+
+
+def test_benchmark_command_writes_the_table_as_csv(tmp_path, capsys):
+    out = tmp_path / "table.csv"
+    plot = tmp_path / "tradeoff.png"
+    code = main(
+        [
+            "benchmark",
+            "--models",
+            f"{TINY_OURS},{TINY_TIMM}",
+            "--batch-size",
+            "4",
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--min-time",
+            "0.02",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--output",
+            str(out),
+            "--accuracy",
+            "resmlp_s12=61.5",
+            "--plot",
+            str(plot),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "im/s @4" in printed and "test_resnet" in printed
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == benchmark.CSV_COLUMNS
+    assert [r["model"] for r in rows] == [TINY_OURS, TINY_TIMM]
+    assert [r["img_size"] for r in rows] == ["32", "64"]
+    for r in rows:
+        assert float(r["throughput_img_s"]) > 0 and float(r["throughput_b1_img_s"]) > 0
+        assert float(r["gmacs"]) > 0 and float(r["peak_memory_mb"]) >= 0 and r["batch_size"] == "4"
+        assert r["threads"] == "1"
+    expected_params = count_params(
+        resmlp.create_model("resmlp_s12", dim=32, depth=2, img_size=32, patch_size=8, num_classes=10)
+    )
+    assert float(rows[0]["params_m"]) == round(expected_params / 1e6, 2)
+    assert rows[0]["top1"] == "61.5" and rows[1]["top1"] == ""
+    assert plot.stat().st_size > 0
+
+
+def test_benchmark_command_rejects_bad_requests(capsys):
+    assert main(["benchmark", "--models", "no_such_model_xyz", "--repeats", "1"]) == 2
+    assert "neither a resmlp preset" in capsys.readouterr().err
+    assert main(["benchmark", "--models", TINY_OURS, "--plot", "x.png"]) == 2
+    assert "--accuracy" in capsys.readouterr().err
+    assert main(["benchmark", "--models", TINY_OURS, "--accuracy", "resnet50=80"]) == 2
+    assert "not in --models" in capsys.readouterr().err
