@@ -1,0 +1,131 @@
+"""`resmlp predict CHECKPOINT IMAGES...`: top-k classes of images, folders or globs, as a table or a file."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="classify images with a checkpoint (top-k classes and probabilities)")
+    p.add_argument("checkpoint", help="a .safetensors checkpoint of this project, or a timm / DeiT weight file")
+    p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
+    p.add_argument("--top-k", type=int, default=5, help="classes to report per image (default 5)")
+    p.add_argument("--output", type=Path, help="also write the predictions to FILE.json or FILE.csv")
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.set_defaults(run=run)
+
+
+def expand_inputs(items: list[str]) -> tuple[list[Path], list[dict[str, str]]]:
+    """Image paths from files, folders and globs (in the order given) and an error per input matching none."""
+    paths: list[Path] = []
+    errors: list[dict[str, str]] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+        elif p.is_file():
+            found = [p]  # named explicitly: tried whatever its suffix, and reported if unreadable
+        else:
+            found = sorted(Path(f) for f in glob.glob(item, recursive=True) if Path(f).is_file())
+        if not found:
+            errors.append(dict(file=item, error="no such file, or no image files in that folder / pattern"))
+        paths += found
+    return list(dict.fromkeys(paths)), errors
+
+
+def _class_names(metadata: dict[str, Any], num_classes: int) -> list[str]:
+    names = metadata.get("class_names")
+    if isinstance(names, list) and len(names) == num_classes:
+        return [str(n) for n in names]
+    return [f"class_{i}" for i in range(num_classes)]
+
+
+def classify(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, str]], str]:
+    """Predictions per readable image, errors per unreadable input, and where preprocessing came from."""
+    import torch
+
+    import resmlp
+    from resmlp.inference import Preprocess, optimize, predict
+
+    if args.top_k < 1 or args.batch_size < 1:
+        raise ValueError("--top-k and --batch-size must be at least 1")
+    model = resmlp.load(args.checkpoint).eval()
+    if model.config.num_classes == 0:
+        raise ValueError(f"{args.checkpoint} has no classifier head (num_classes=0): nothing to predict")
+    metadata = resmlp.read_metadata(args.checkpoint)
+    pre = Preprocess.from_metadata(metadata, model)
+    names = _class_names(metadata, model.config.num_classes)
+    fast = optimize(model, args.precision)
+    paths, errors = expand_inputs(args.images)
+    results: list[dict[str, Any]] = []
+    for start in range(0, len(paths), args.batch_size):
+        batch, kept = [], []
+        for path in paths[start:start + args.batch_size]:
+            try:
+                batch.append(pre.load(path))
+                kept.append(path)
+            except ValueError as e:
+                errors.append(dict(file=str(path), error=str(e)))
+        if not batch:
+            continue
+        probs, indices = predict(fast, torch.stack(batch), args.top_k)
+        for path, p, i in zip(kept, probs.tolist(), indices.tolist(), strict=True):
+            results.append(dict(file=str(path), top_k=[dict(class_id=c, class_name=names[c], probability=q)
+                                                        for c, q in zip(i, p, strict=True)]))
+    return results, errors, pre.source
+
+
+def write_output(path: Path, results: list[dict[str, Any]], errors: list[dict[str, str]]) -> None:
+    """JSON {"predictions": [...], "errors": [...]} or CSV with one row per (file, rank)."""
+    from resmlp.checkpoint import atomic_write
+
+    if path.suffix.lower() == ".json":
+        text = json.dumps(dict(predictions=results, errors=errors), indent=2)
+    else:  # .csv (run() checked the suffix before any work)
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(["file", "rank", "class_id", "class_name", "probability", "error"])
+        for r in results:
+            for rank, t in enumerate(r["top_k"], 1):
+                writer.writerow([r["file"], rank, t["class_id"], t["class_name"], f"{t['probability']:.6f}", ""])
+        for e in errors:
+            writer.writerow([e["file"], "", "", "", "", e["error"]])
+        text = buf.getvalue()
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    if args.output is not None and args.output.suffix.lower() not in (".json", ".csv"):
+        raise ValueError(f"--output must end in .json or .csv, got {args.output.name}")
+    results, errors, source = classify(args)
+    console = Console()
+    if source == "defaults":
+        console.print("[yellow]checkpoint has no preprocessing metadata: using the ImageNet preset defaults "
+                      "(mean/std of ImageNet, crop 0.9, bicubic)[/yellow]")
+    table = Table(title=f"Predictions ({args.precision})")
+    table.add_column("file")
+    for rank in range(1, args.top_k + 1):
+        table.add_column(f"#{rank}")
+    for r in results:
+        table.add_row(r["file"], *(f"{t['class_name']} {t['probability']:.1%}" for t in r["top_k"]))
+    console.print(table)
+    err_console = Console(stderr=True)
+    for e in errors:
+        err_console.print(f"[red]skipped[/red] {e['file']}: {e['error']}", highlight=False)
+    if args.output is not None:
+        write_output(args.output, results, errors)
+        console.print(f"wrote {args.output}")
+    console.print(f"{len(results)} image(s) classified, {len(errors)} failed")
+    return 0 if not errors and results else 1

@@ -1,0 +1,249 @@
+"""Fast inference: a folded, token-major ResMLP in fp32, bf16 or int8, image preprocessing and predict().
+
+`optimize(model, precision)` starts from `resmlp.fuse(model)` (every Affine folded into a linear layer)
+and, for the paper's architecture (linear cross-patch, Affine norms, average pooling), lays the tokens
+out patch-major as (N, B, C). Then the cross-patch product A @ X is one plain matrix product
+(N, N) @ (N, B*C) for the whole batch, with no transposes and no broadcast batched products, and the
+channel MLP works on the same buffer seen as (N*B, C). Each block updates that buffer in place and
+reuses two scratch buffers, so a batch allocates its large activations once instead of once per
+layer (fresh allocations of that size cost page faults on every forward). Other architectures
+(Mixer, convolutions, class-MLP pooling) and int8 run their fused model unchanged.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision.transforms as T
+from PIL import Image, UnidentifiedImageError
+from torch import nn
+
+from resmlp.fuse import FusedBlock, fuse
+from resmlp.models.registry import IMAGENET_MEAN, IMAGENET_STD
+from resmlp.models.resmlp import ResMLP
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+# ------------------------------------------------------------------------------------------ model
+class TokenMajorBlock(nn.Module):
+    """A folded ResMLP block on (N, B, C) tokens, computed in place in its input buffer.
+
+    With the fused block's z = x + bias + scale * (A @ x) and y = z + fc2(act(fc1(z))), the fc2 bias b2
+    moves into the cross-patch bias (z' = z + b2) and out of fc1 (b1' = b1 - W1 b2), so that
+    y = z' + W2 act(W1 z' + b1'): no bias pass after either product, and the residual sum is the
+    product's own accumulation (addmm_ into z').
+    """
+
+    def __init__(self, block: FusedBlock) -> None:
+        super().__init__()
+        cp, fc1, fc2 = block.cross_patch, block.fc1, block.fc2
+        frozen = {"requires_grad": False}
+        with torch.no_grad():
+            self.weight = nn.Parameter(cp.weight.clone(), **frozen)  # A (N, N)
+            self.scale = nn.Parameter(cp.scale.clone(), **frozen)  # (C,)
+            self.bias = nn.Parameter((cp.bias + fc2.bias).unsqueeze(1).clone(), **frozen)  # (N, 1, C)
+            self.fc1_weight = nn.Parameter(fc1.weight.clone(), **frozen)  # (hidden, C)
+            self.fc1_bias = nn.Parameter(fc1.bias - fc1.weight @ fc2.bias, **frozen)
+            self.fc2_weight = nn.Parameter(fc2.weight.clone(), **frozen)  # (C, hidden)
+        self.act = block.act
+
+    def forward(self, x: torch.Tensor, scaled: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """x (N, B, C) is overwritten with the output; `scaled` (N, B, C) and `hidden` (N*B, hidden) are
+        scratch buffers reused by every block, so the large activations are allocated once per batch."""
+        n, b, c = x.shape
+        torch.mul(x, self.scale, out=scaled)  # scale * (A @ x) == A @ (scale * x): scale acts on columns
+        x.add_(self.bias).view(n, b * c).addmm_(self.weight, scaled.view(n, b * c))
+        tokens = x.view(n * b, c)
+        torch.mm(tokens, self.fc1_weight.t(), out=hidden)
+        _activate_(hidden.add_(self.fc1_bias), self.act)
+        tokens.addmm_(hidden, self.fc2_weight.t())
+        return x
+
+
+def _activate_(x: torch.Tensor, act: nn.Module) -> None:
+    # GELU has no in-place module form; the others keep their module (in place where it exists)
+    if isinstance(act, nn.GELU):
+        torch.ops.aten.gelu_(x, approximate=act.approximate)
+    else:
+        x.copy_(act(x))
+
+
+class TokenMajorResMLP(nn.Module):
+    """Inference-only ResMLP built from a fused one; takes float images (B, C, H, W), returns fp32 logits."""
+
+    def __init__(self, fused: ResMLP) -> None:
+        super().__init__()
+        self.config = fused.config
+        self.stem = fused.stem
+        pos = fused.pos_embed
+        self.pos_embed = None if pos is None else nn.Parameter(pos.detach()[0].unsqueeze(1), requires_grad=False)
+        self.blocks = nn.ModuleList(TokenMajorBlock(b) for b in fused.blocks)
+        self.head = fused.head
+
+    def check_input(self, x: torch.Tensor) -> None:
+        ResMLP.check_input(self, x)  # same checks and messages as the model (it reads config and stem only)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _cast_input(x, self.stem.proj.weight.dtype)
+        self.check_input(x)
+        # conv output (B, C, h, w) -> (N, B, C): the only layout change in the network
+        x = self.stem.proj(x).flatten(2).permute(2, 0, 1).contiguous()
+        if self.pos_embed is not None:
+            x.add_(self.pos_embed)
+        n, b, c = x.shape
+        scaled = torch.empty_like(x)
+        hidden = x.new_empty(n * b, self.blocks[0].fc1_weight.shape[0])
+        for block in self.blocks:
+            x = block(x, scaled, hidden)
+        return self.head(x.mean(0)).float()
+
+
+class CastingWrapper(nn.Module):
+    """Runs a model in its own dtype on float images of any dtype and returns fp32 outputs."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(_cast_input(x, self.model.stem.proj.weight.dtype)).float()
+
+
+def _cast_input(x: Any, dtype: torch.dtype) -> Any:
+    # non-float or non-tensor input is left for check_input to reject with its explanation
+    return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+def _token_major_ok(fused: ResMLP) -> bool:
+    stem_plain = isinstance(fused.stem.norm, nn.Identity) and fused.stem.flatten
+    return (
+        stem_plain
+        and all(isinstance(b, FusedBlock) for b in fused.blocks)
+        and isinstance(fused.norm, nn.Identity)  # the final Affine went into the head
+        and fused.class_mlp is None
+    )
+
+
+def native_bf16_available(device: torch.device | str = "cpu") -> bool:
+    """Whether bf16 matrix products run on native hardware (AVX-512 BF16 / AMX on CPU, CUDA bf16)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def optimize(model: ResMLP, precision: str = "fp32", compile: bool = False) -> nn.Module:
+    """An inference copy of `model`: folded, token-major where possible, in `precision`.
+
+    precision: "fp32" (equal to the model within float rounding), "bf16" (weights and activations in
+    bfloat16; fast only where the hardware has bf16 matrix units) or "int8" (dynamic int8 quantisation
+    of the channel-MLP and head linears, fbgemm/x86 on CPU). compile=True wraps it in torch.compile.
+    The result takes float images of any dtype and returns float32 logits; it is for eval only.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    device = model.stem.proj.weight.device
+    fused = fuse(model).float()
+    # int8 quantises nn.Linear modules, which the token-major blocks (raw in-place products) don't use
+    token_major = _token_major_ok(fused) and precision != "int8"
+    fast: nn.Module = TokenMajorResMLP(fused) if token_major else CastingWrapper(fused)
+    fast = fast.eval().requires_grad_(False)
+    if precision == "bf16":
+        if not native_bf16_available(device):
+            warnings.warn(
+                f"this {device.type.upper()} has no native bf16 matrix units (no AVX-512 BF16 / AMX), so bf16 "
+                "products are emulated and much slower than fp32; use precision='fp32' or 'int8' here",
+                stacklevel=2,
+            )
+        fast = fast.to(torch.bfloat16)
+    elif precision == "int8":
+        if device.type != "cpu":
+            raise ValueError("int8 dynamic quantisation runs on CPU only; move the model with model.cpu() or "
+                             "use precision='bf16' on GPU")
+        fast = _quantize_linears(fast)
+    if compile:
+        fast = torch.compile(fast)
+    return fast
+
+
+def _quantize_linears(model: nn.Module) -> nn.Module:
+    from torch.ao.quantization import quantize_dynamic
+
+    # torch.ao's eager dynamic quantisation is deprecated in favour of torchao, which is not a dependency
+    # here; it still runs fbgemm's int8 kernels, so its warnings are noise for the user
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+
+
+# ------------------------------------------------------------------------------------------ preprocessing
+@dataclass(frozen=True)
+class Preprocess:
+    """The eval transform of the contract: resize the shorter side to round(img_size / crop_pct), centre crop."""
+
+    img_size: int
+    in_chans: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float = 0.9
+    interpolation: str = "bicubic"
+    source: str = "checkpoint"  # "checkpoint" (its metadata) or "defaults" (ImageNet preset values)
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any], model: ResMLP) -> Preprocess:
+        """From a checkpoint's metadata["preprocess"]; ImageNet preset defaults when it has none (timm, DeiT)."""
+        cfg = model.config
+        pre = metadata.get("preprocess")
+        if not pre:
+            if cfg.in_chans != 3:
+                raise ValueError(f"the checkpoint has no preprocessing metadata and the model takes {cfg.in_chans} "
+                                 "channels, so ImageNet defaults don't apply; re-save it with "
+                                 "metadata={'preprocess': {...}} (see docs/inference.md)")
+            return cls(cfg.img_size, 3, IMAGENET_MEAN, IMAGENET_STD, 0.9, "bicubic", source="defaults")
+        try:
+            made = cls(int(pre["img_size"]), int(pre.get("in_chans", cfg.in_chans)),
+                       tuple(float(v) for v in pre["mean"]), tuple(float(v) for v in pre["std"]),
+                       float(pre.get("crop_pct", 1.0)), str(pre.get("interpolation", "bicubic")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs img_size, "
+                             "mean, std (and optionally crop_pct, interpolation, in_chans)") from None
+        if (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
+            raise ValueError(f"checkpoint preprocess metadata says {made.in_chans}x{made.img_size}px but the model "
+                             f"takes {cfg.in_chans}x{cfg.img_size}px; fix the metadata")
+        return made
+
+    def transform(self) -> T.Compose:
+        try:
+            mode = T.InterpolationMode(self.interpolation)
+        except ValueError:
+            raise ValueError(f"unknown interpolation {self.interpolation!r}; use one of "
+                             f"{', '.join(m.value for m in T.InterpolationMode)}") from None
+        return T.Compose([
+            T.Resize(round(self.img_size / self.crop_pct), interpolation=mode),
+            T.CenterCrop(self.img_size),
+            T.ToTensor(),
+            T.Normalize(self.mean, self.std),
+        ])
+
+    def load(self, path: str | Path) -> torch.Tensor:
+        """One image file as a normalised (C, H, W) tensor; ValueError naming the file if it can't be read."""
+        try:
+            with Image.open(path) as img:
+                img = img.convert("L" if self.in_chans == 1 else "RGB")
+        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            raise ValueError(f"cannot read image {path}: {e}") from None
+        return self.transform()(img)
+
+
+# ------------------------------------------------------------------------------------------ predict
+@torch.inference_mode()
+def predict(model: nn.Module, images: torch.Tensor, top_k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k softmax probabilities and class indices, each (B, k), for a preprocessed batch."""
+    probs = model(images).float().softmax(-1)
+    return probs.topk(min(top_k, probs.shape[-1]), dim=-1)

@@ -1,0 +1,52 @@
+"""ONNX and TorchScript exports compute what the PyTorch model computes, for any batch size."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import TINY, build_fast
+
+import resmlp
+from resmlp.cli import main
+from resmlp.export import export
+from resmlp.models.resmlp import ResMLPConfig
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_fast(ResMLPConfig(**TINY).replace(num_classes=10), seed=4)
+
+
+def test_onnx_matches_pytorch_with_a_dynamic_batch(model, tmp_path):
+    path = export(model, tmp_path / "m.onnx", "onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["images"]
+    for batch in (3, 16):
+        x = torch.randn(batch, 3, 32, 32)
+        got = session.run(None, {"images": x.numpy()})[0]
+        with torch.no_grad():
+            want = model(x).numpy()
+        assert got.shape == (batch, 10)
+        assert np.abs(got - want).max() < 1e-4
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated")
+def test_torchscript_round_trip(model, tmp_path):
+    path = export(model, tmp_path / "m.pt", "torchscript")
+    loaded = torch.jit.load(str(path))
+    for batch in (1, 6):
+        x = torch.randn(batch, 3, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), model(x), atol=1e-4, rtol=0)
+
+
+def test_export_cli_from_a_checkpoint(model, tmp_path, capsys):
+    ckpt = resmlp.save(model, tmp_path / "m.safetensors")
+    out = tmp_path / "out" / "m.pt"
+    assert main(["export", str(ckpt), "--format", "torchscript", "--output", str(out)]) == 0
+    assert out.is_file() and "batch size dynamic" in capsys.readouterr().out
+    assert not list(out.parent.glob(".*tmp*"))  # atomic write left no temporary file
+    assert main(["export", str(tmp_path / "missing.safetensors"), "--output", str(out)]) == 2

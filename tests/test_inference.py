@@ -1,0 +1,105 @@
+"""optimize(): fp32 equals the model, bf16 / int8 stay close, preprocessing follows the checkpoint."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import TINY, build_fast
+from PIL import Image
+
+from resmlp.inference import CastingWrapper, Preprocess, TokenMajorResMLP, optimize, predict
+from resmlp.models.resmlp import ResMLPConfig
+
+TOKEN_MAJOR = [dict(), dict(pos_embed=True), dict(layerscale=False), dict(act="relu")]
+GENERIC = [dict(cross_patch="mlp", norm="layernorm", layerscale=False), dict(pooling="class_mlp"),
+           dict(cross_patch="dwconv3x3")]
+
+
+@pytest.mark.parametrize("overrides", TOKEN_MAJOR + GENERIC)
+def test_fp32_equals_the_model(overrides):
+    model = build_fast(ResMLPConfig(**TINY).replace(**overrides), seed=1)
+    fast = optimize(model, "fp32")
+    assert isinstance(fast, TokenMajorResMLP if overrides in TOKEN_MAJOR else CastingWrapper)
+    x = torch.randn(5, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+        assert want.std() > 0.1  # trained-like weights: a folding mistake would show
+        torch.testing.assert_close(fast(x), want, atol=1e-4, rtol=0)
+
+
+def test_token_major_model_keeps_the_input_checks():
+    fast = optimize(build_fast(ResMLPConfig(**TINY)), "fp32")
+    with pytest.raises(ValueError, match="expects 32x32"):
+        fast(torch.randn(1, 3, 40, 40))
+    with pytest.raises(ValueError, match="floating-point"):
+        fast(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+
+
+def test_bf16_keeps_top1_and_returns_fp32():
+    model = build_fast(ResMLPConfig(**TINY).replace(num_classes=10, depth=4), seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the no-native-bf16 warning on CPUs without AVX-512 BF16
+        fast = optimize(model, "bf16")
+    assert fast.blocks[0].fc1_weight.dtype == torch.bfloat16
+    x = torch.randn(256, 3, 32, 32)
+    with torch.no_grad():
+        ref, out = model(x), fast(x)
+    assert out.dtype == torch.float32
+    agree = (ref.argmax(-1) == out.argmax(-1)).float().mean().item()
+    assert agree >= 0.95, agree
+    assert (out - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+def test_int8_quantises_the_linears_and_stays_close():
+    model = build_fast(ResMLPConfig(**TINY).replace(num_classes=10, depth=4), seed=3)
+    fast = optimize(model, "int8")
+    assert isinstance(fast.model.blocks[0].fc1, torch.ao.nn.quantized.dynamic.Linear)
+    assert isinstance(fast.model.head, torch.ao.nn.quantized.dynamic.Linear)
+    x = torch.randn(256, 3, 32, 32)
+    with torch.no_grad():
+        ref, out = model(x), fast(x)
+    agree = (ref.argmax(-1) == out.argmax(-1)).float().mean().item()
+    assert agree >= 0.9, agree
+
+
+def test_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match="fp32, bf16, int8"):
+        optimize(build_fast(ResMLPConfig(**TINY)), "fp16")
+
+
+def test_predict_returns_sorted_topk_probabilities():
+    fast = optimize(build_fast(ResMLPConfig(**TINY)), "fp32")
+    probs, idx = predict(fast, torch.randn(4, 3, 32, 32), top_k=3)
+    assert probs.shape == idx.shape == (4, 3)
+    assert (probs[:, :-1] >= probs[:, 1:]).all() and (probs.sum(-1) <= 1 + 1e-6).all()
+    full = fast(torch.zeros(1, 3, 32, 32)).softmax(-1)
+    p0, i0 = predict(fast, torch.zeros(1, 3, 32, 32), top_k=100)  # k larger than classes: all of them
+    assert i0.shape == (1, 7) and i0[0, 0] == full.argmax()
+
+
+def test_preprocess_from_metadata_resizes_crops_and_normalises(tmp_path):
+    model = build_fast(ResMLPConfig(**TINY).replace(in_chans=1))
+    meta = {"preprocess": {"img_size": 32, "crop_pct": 0.5, "interpolation": "bilinear",
+                           "mean": [0.5], "std": [0.25], "in_chans": 1}}
+    pre = Preprocess.from_metadata(meta, model)
+    img = Image.new("RGB", (128, 64), (255, 255, 255))  # white border around a black centre
+    img.paste((0, 0, 0), (48, 16, 80, 48))
+    img.save(tmp_path / "a.png")
+    x = pre.load(tmp_path / "a.png")
+    # shorter side 64 -> 64 (= 32 / 0.5), centre crop 32: exactly the black square, (0 - 0.5) / 0.25
+    assert x.shape == (1, 32, 32)
+    torch.testing.assert_close(x, torch.full((1, 32, 32), -2.0))
+
+
+def test_preprocess_defaults_and_bad_metadata(tmp_path):
+    model = build_fast(ResMLPConfig(**TINY))
+    pre = Preprocess.from_metadata({}, model)
+    assert pre.source == "defaults" and pre.crop_pct == 0.9 and pre.mean == (0.485, 0.456, 0.406)
+    with pytest.raises(ValueError, match="model takes 3x32px"):
+        Preprocess.from_metadata({"preprocess": {"img_size": 28, "mean": [0.5], "std": [0.5], "in_chans": 1}},
+                                 model)
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    with pytest.raises(ValueError, match="cannot read image .*bad.png"):
+        pre.load(tmp_path / "bad.png")
