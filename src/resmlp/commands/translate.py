@@ -1,0 +1,130 @@
+"""`resmlp translate train|eval|decode`: sequence-to-sequence ResMLP (and a Transformer baseline)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("translate", help="machine translation with seq2seq ResMLP or a Transformer baseline")
+    tsub = p.add_subparsers(dest="translate_command", required=True, metavar="ACTION")
+
+    t = tsub.add_parser("train", help="train on parallel text or a built-in task, then score the test split")
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--task", choices=("numbers-en-de", "numbers-en-fr"), help="built-in number-words task")
+    src.add_argument("--data", help="directory of {train,valid,test}.{SRC,TGT} files, a sentence per line")
+    t.add_argument("--src-suffix", default="src", help="source file suffix, e.g. en (default src)")
+    t.add_argument("--tgt-suffix", default="tgt", help="target file suffix, e.g. de (default tgt)")
+    t.add_argument("--train-size", type=int, default=50_000, help="training pairs of the built-in task")
+    t.add_argument("--output", required=True, help="run directory: checkpoint, tokenizer, logs, summary.json")
+    t.add_argument("--resume", action="store_true", help="continue the checkpoint in --output")
+    t.add_argument("--arch", choices=("resmlp", "transformer"), default="resmlp")
+    t.add_argument("--preset", default="small", help="base6, base12 (paper, dim 512), small, tiny")
+    for name, typ in (("dim", int), ("hidden", int), ("encoder-layers", int), ("decoder-layers", int),
+                      ("heads", int), ("max-len", int), ("dropout", float), ("layerscale-init", float)):
+        t.add_argument(f"--{name}", type=typ, help=f"override the preset's {name}")
+    t.add_argument("--vocab-size", type=int, default=1000, help="joint sentencepiece vocabulary (may end smaller)")
+    t.add_argument("--optimizer", choices=("adagrad", "adam"), default="adagrad",
+                   help="adagrad + linear warm-up (paper) or adam + inverse-sqrt")
+    t.add_argument("--lr", type=float, help="peak learning rate (default 0.2 adagrad, 5e-4 adam)")
+    t.add_argument("--warmup-steps", type=int, default=500)
+    t.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch (per process)")
+    t.add_argument("--max-steps", type=int, default=100_000)
+    t.add_argument("--max-minutes", type=float, default=20.0, help="wall-clock training budget")
+    t.add_argument("--eval-every", type=int, default=500, help="validation loss + checkpoint every N steps")
+    t.add_argument("--label-smoothing", type=float, default=0.1)
+    t.add_argument("--clip-norm", type=float, default=0.0, help="gradient norm clipping (0 = off)")
+    t.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="CPU autocast dtype")
+    _decode_args(t)
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(run=run_train)
+
+    e = tsub.add_parser("eval", help="score a trained model: BLEU, chrF, exact match, tokenized BLEU")
+    e.add_argument("checkpoint", help="training output directory or its checkpoint.pt")
+    e.add_argument("--split", default="test", help="split of the run's data directory (default test)")
+    e.add_argument("--src", help="source file instead of the run's split")
+    e.add_argument("--ref", help="reference file (with --src)")
+    _decode_args(e)
+    e.add_argument("--json", help="also write the scores to this file")
+    e.set_defaults(run=run_eval)
+
+    d = tsub.add_parser("decode", help="translate lines from a file or stdin")
+    d.add_argument("checkpoint", help="training output directory or its checkpoint.pt")
+    d.add_argument("--input", default="-", help="source file (default stdin)")
+    _decode_args(d)
+    d.set_defaults(run=run_decode)
+
+
+def _decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy); the paper uses 4")
+    p.add_argument("--lenpen", type=float, default=0.6, help="length penalty: score / length**lenpen")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from resmlp.seq2seq.train import TrainConfig, train
+
+    overrides = {k: getattr(args, k) for k in ("dim", "hidden", "encoder_layers", "decoder_layers", "heads",
+                                               "max_len", "dropout", "layerscale_init")
+                 if getattr(args, k) is not None}
+    lr = args.lr if args.lr is not None else (0.2 if args.optimizer == "adagrad" else 5e-4)
+    cfg = TrainConfig(
+        output=args.output, task=args.task, data=args.data, src_suffix=args.src_suffix,
+        tgt_suffix=args.tgt_suffix, task_train_size=args.train_size, arch=args.arch, preset=args.preset,
+        model_overrides=overrides, vocab_size=args.vocab_size, optimizer=args.optimizer, lr=lr,
+        warmup_steps=args.warmup_steps, max_tokens=args.max_tokens, max_steps=args.max_steps,
+        max_minutes=args.max_minutes, eval_every=args.eval_every, label_smoothing=args.label_smoothing,
+        clip_norm=args.clip_norm, precision=args.precision, beam=args.beam, lenpen=args.lenpen,
+        seed=args.seed,
+    )
+    summary = train(cfg, resume=args.resume)
+    if summary:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _run_config(checkpoint: str):
+    from resmlp.seq2seq.train import TrainConfig
+
+    run_dir = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
+    config = run_dir / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{config} not found; CHECKPOINT must be a `resmlp translate train` output")
+    return run_dir, TrainConfig(**json.loads(config.read_text()))
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from resmlp.seq2seq.data import read_parallel
+    from resmlp.seq2seq.train import evaluate_split, load_trained, scores, translate
+
+    model, tok, _ = load_trained(args.checkpoint)
+    run_dir, cfg = _run_config(args.checkpoint)
+    cfg.beam, cfg.lenpen = args.beam, args.lenpen
+    if args.src or args.ref:
+        if not (args.src and args.ref):
+            raise ValueError("--src and --ref go together")
+        src, ref = read_parallel(args.src, args.ref)
+        result = scores(translate(model, tok, src, beam=args.beam, lenpen=args.lenpen), ref)
+    else:
+        data = Path(cfg.data) if cfg.data else run_dir / "data"
+        result = evaluate_split(model, tok, data, args.split, cfg)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        from resmlp.checkpoint import atomic_write
+
+        atomic_write(args.json, lambda p: p.write_text(text))
+    return 0
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    from resmlp.seq2seq.data import read_lines
+    from resmlp.seq2seq.train import load_trained, translate
+
+    model, tok, _ = load_trained(args.checkpoint)
+    lines = sys.stdin.read().splitlines() if args.input == "-" else read_lines(args.input)
+    for hyp in translate(model, tok, lines, beam=args.beam, lenpen=args.lenpen):
+        print(hyp)
+    return 0

@@ -1,0 +1,139 @@
+"""Parallel text files, the sentencepiece tokenizer, token-based batching.
+
+Bad input, and what happens to it:
+- source and target files with different line counts: ValueError naming both files and counts;
+- an empty line (either side) in training/evaluation files: ValueError with the line numbers;
+  an empty line given to ``decode`` is translated to an empty line without running the model;
+- a line longer than the model's max_len (in subword tokens): truncated to fit, with a warning saying how
+  many lines were cut (sources keep max_len tokens, targets max_len - 1 so BOS/EOS fit);
+- characters the tokenizer never saw: sentencepiece maps them to <unk> (id 3), with a warning count;
+- a file that is not UTF-8: ValueError naming the file.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+import torch
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+SPLITS = ("train", "valid", "test")
+
+
+def read_lines(path: str | Path) -> list[str]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (expected one sentence per line)")
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e}); convert it, e.g. with iconv -t utf-8") from None
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
+    """Aligned source/target lines; refuses mismatched counts and empty lines with a clear message."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise ValueError(
+            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; parallel files must be aligned "
+            "line by line (one sentence pair per line)"
+        )
+    empty = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if not s.strip() or not t.strip()]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (" ..." if len(empty) > 10 else "")
+        raise ValueError(
+            f"{len(empty)} empty line(s) in {src_path} / {tgt_path} (line {shown}); remove those pairs from "
+            "both files, e.g. paste a b | awk -F'\\t' '$1!=\"\" && $2!=\"\"'"
+        )
+    return src, tgt
+
+
+def split_paths(data_dir: str | Path, split: str, src_suffix: str, tgt_suffix: str) -> tuple[Path, Path]:
+    data_dir = Path(data_dir)
+    return data_dir / f"{split}.{src_suffix}", data_dir / f"{split}.{tgt_suffix}"
+
+
+class Tokenizer:
+    """A sentencepiece model shared by source and target (joint vocabulary), kept as its bytes."""
+
+    def __init__(self, model_bytes: bytes) -> None:
+        self.model_bytes = model_bytes
+        self.sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+        if (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id()) != (PAD, BOS, EOS, UNK):
+            raise ValueError("tokenizer was not trained by resmlp (expected pad/bos/eos/unk ids 0/1/2/3)")
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, seed_sentences: int = 2_000_000) -> Tokenizer:
+        """Train a unigram sentencepiece model in memory (the vocabulary may end smaller if text is small)."""
+        buf = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size, model_type="unigram",
+            character_coverage=1.0, pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=UNK,
+            hard_vocab_limit=False, input_sentence_size=seed_sentences, shuffle_input_sentence=True,
+            minloglevel=2,
+        )
+        return cls(buf.getvalue())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer {path} does not exist; `resmlp translate train` writes it")
+        return cls(path.read_bytes())
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, lines: list[str], max_tokens: int, what: str = "lines") -> list[list[int]]:
+        """Token ids per line, cut to max_tokens; warns how many lines were cut or had unknown characters."""
+        ids = self.sp.encode(lines)
+        cut = sum(len(x) > max_tokens for x in ids)
+        unknown = sum(UNK in x for x in ids)
+        if cut:
+            warnings.warn(f"{cut} of {len(ids)} {what} longer than {max_tokens} tokens were truncated "
+                          "(raise the model's max_len to keep them whole)", stacklevel=2)
+        if unknown:
+            warnings.warn(f"{unknown} of {len(ids)} {what} contain characters unknown to the tokenizer; "
+                          "they are read as <unk>", stacklevel=2)
+        return [x[:max_tokens] for x in ids]
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.sp.decode(ids)
+
+
+def token_batches(
+    src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int
+) -> list[list[int]]:
+    """Indices grouped by similar length so each batch holds about max_tokens (padded) tokens, in a
+    shuffled order (seeded). A pair longer than max_tokens gets a batch of its own."""
+    order = sorted(range(len(src_lens)), key=lambda i: (src_lens[i], tgt_lens[i]))
+    batches, current, longest = [], [], 0
+    for i in order:
+        size = max(src_lens[i], tgt_lens[i] + 1)
+        if current and max(longest, size) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, size)
+    if current:
+        batches.append(current)
+    random.Random(seed).shuffle(batches)
+    return batches
+
+
+def pad_batch(seqs: list[list[int]], prefix: Sequence[int] = (), suffix: Sequence[int] = ()) -> torch.Tensor:
+    rows = [list(prefix) + s + list(suffix) for s in seqs]
+    out = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
+    for r, row in enumerate(rows):
+        out[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def collate(src: list[list[int]], tgt: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(source, decoder input = BOS + target, decoder output = target + EOS), right-padded with PAD."""
+    return pad_batch(src), pad_batch(tgt, prefix=[BOS]), pad_batch(tgt, suffix=[EOS])

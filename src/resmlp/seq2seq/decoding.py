@@ -1,0 +1,95 @@
+"""Greedy and beam-search decoding over the models' incremental ``encode`` / ``init_state`` / ``step`` API.
+
+Both return token ids without BOS/EOS. Generation stops at EOS or after ``max_len`` tokens
+(the model's ``config.max_len`` at most: the decoder's cross-token matrix has no rows beyond it);
+both force EOS at the last position, so at most max_len - 1 tokens come out.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _limit(model: nn.Module, max_len: int | None) -> int:
+    cap = model.config.max_len
+    return cap if max_len is None else max(1, min(max_len, cap))
+
+
+@torch.no_grad()
+def greedy(model: nn.Module, src: torch.Tensor, max_len: int | None = None) -> list[list[int]]:
+    """Most likely next token at every step, for a batch of sources (B, S)."""
+    cfg = model.config
+    state = model.init_state(model.encode(src))
+    tokens = torch.full((src.shape[0],), cfg.bos_id, dtype=torch.long, device=src.device)
+    done = torch.zeros_like(tokens, dtype=torch.bool)
+    out = []
+    limit = _limit(model, max_len)
+    for t in range(limit):
+        nxt = model.step(tokens, state).argmax(-1).masked_fill(done, cfg.eos_id)
+        if t == limit - 1:  # out of room: end every sentence, as beam search does
+            nxt.fill_(cfg.eos_id)
+        out.append(nxt)
+        done |= nxt.eq(cfg.eos_id)
+        if done.all():
+            break
+        tokens = nxt
+    rows = torch.stack(out, 1).tolist()
+    return [row[: row.index(cfg.eos_id)] if cfg.eos_id in row else row for row in rows]
+
+
+@torch.no_grad()
+def beam_search(
+    model: nn.Module, src: torch.Tensor, beam: int = 4, lenpen: float = 0.6, max_len: int | None = None
+) -> list[list[int]]:
+    """Batched beam search; a finished hypothesis scores sum(log p) / length**lenpen (length incl. EOS).
+
+    A sentence stops once `beam` hypotheses have ended (as fairseq does); the best normalised one wins.
+    """
+    cfg = model.config
+    b, k = src.shape[0], beam
+    memory = model.encode(src)
+    flat = torch.arange(b, device=src.device).repeat_interleave(k)
+    state = model.init_state(memory.reorder(flat))
+    scores = torch.zeros(b, k, device=src.device)
+    scores[:, 1:] = float("-inf")  # all beams start identical: keep one so the first step has no duplicates
+    tokens = torch.full((b * k,), cfg.bos_id, dtype=torch.long, device=src.device)
+    prefixes = torch.zeros(b * k, 0, dtype=torch.long, device=src.device)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    limit = _limit(model, max_len)
+    for t in range(limit):
+        logp = F.log_softmax(model.step(tokens, state).float(), dim=-1)
+        vocab = logp.shape[-1]
+        if t == limit - 1:  # out of room: the only allowed continuation is EOS
+            only_eos = torch.full_like(logp, float("-inf"))
+            only_eos[:, cfg.eos_id] = 0.0
+            logp = logp + only_eos
+        cand = (scores.unsqueeze(-1) + logp.view(b, k, vocab)).view(b, k * vocab)
+        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
+        origin, token = top_idx // vocab, top_idx % vocab
+        keep_origin = torch.zeros(b, k, dtype=torch.long)
+        keep_token = torch.full((b, k), cfg.eos_id, dtype=torch.long)
+        keep_score = torch.full((b, k), float("-inf"))
+        for i in range(b):
+            if len(finished[i]) >= k:
+                continue
+            n = 0
+            for score, o, tok in zip(top_scores[i].tolist(), origin[i].tolist(), token[i].tolist(), strict=True):
+                if score == float("-inf") or n == k:
+                    break
+                if tok == cfg.eos_id:
+                    if len(finished[i]) < k:
+                        hyp = prefixes[i * k + o].tolist()
+                        finished[i].append((score / (t + 1) ** lenpen, hyp))
+                else:
+                    keep_origin[i, n], keep_token[i, n], keep_score[i, n] = o, tok, score
+                    n += 1
+        if all(len(f) >= k for f in finished):
+            break
+        index = (torch.arange(b)[:, None] * k + keep_origin).view(-1).to(src.device)
+        state.reorder(index)
+        prefixes = torch.cat([prefixes.index_select(0, index), keep_token.view(-1, 1).to(src.device)], 1)
+        tokens = keep_token.view(-1).to(src.device)
+        scores = keep_score.to(src.device)
+    return [max(f, key=lambda h: h[0])[1] if f else [] for f in finished]

@@ -1,0 +1,369 @@
+"""Sequence-to-sequence ResMLP (paper section 2) and a Transformer baseline of the same shape.
+
+Both models share one interface used by training and decoding:
+``forward(src, tgt_in) -> logits``, ``encode(src) -> Memory``, ``init_state(memory) -> state`` and
+``step(tokens, state) -> logits`` (one decoder position at a time), ``state.reorder(index)`` for beam search.
+
+Tokens are (B, T) int64 with ``pad_id`` after the real tokens (right padding).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from resmlp.layers import Affine, LayerScale
+
+ARCHS = ("resmlp", "transformer")
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """Shape of a translation model; `arch` picks ResMLP (linear token mixing) or the Transformer."""
+
+    vocab_size: int
+    arch: str = "resmlp"
+    dim: int = 512
+    hidden: int = 2048
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    heads: int = 8
+    max_len: int = 256  # L: size of the cross-token matrices, longest source and target (incl. BOS)
+    dropout: float = 0.1
+    layerscale_init: float = 0.2  # paper section 3.6
+    share_embeddings: bool = True  # one embedding for source and target (joint vocabulary)
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown arch {self.arch!r}; choose one of {', '.join(ARCHS)}")
+        if self.dim % self.heads:
+            raise ValueError(f"dim {self.dim} must be divisible by heads {self.heads}")
+
+    def replace(self, **kw: Any) -> Seq2SeqConfig:
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Seq2SeqConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown Seq2SeqConfig fields {sorted(unknown)}")
+        return cls(**d)
+
+
+# The paper's 6- and 12-layer models (dim 512, hidden 2048), plus small ones for CPU demos and tests.
+PRESETS: dict[str, dict[str, Any]] = {
+    "base6": dict(dim=512, hidden=2048, encoder_layers=6, decoder_layers=6, heads=8),
+    "base12": dict(dim=512, hidden=2048, encoder_layers=12, decoder_layers=12, heads=8),
+    "small": dict(dim=256, hidden=1024, encoder_layers=3, decoder_layers=3, heads=4, max_len=64),
+    "tiny": dict(dim=32, hidden=64, encoder_layers=2, decoder_layers=2, heads=2, max_len=16),
+}
+
+
+@dataclass
+class Memory:
+    """Encoder output (B, S, C) and its padding mask (B, S), True at padding."""
+
+    out: torch.Tensor
+    pad_mask: torch.Tensor
+
+    def reorder(self, index: torch.Tensor) -> Memory:
+        return Memory(self.out.index_select(0, index), self.pad_mask.index_select(0, index))
+
+
+class FeedForward(nn.Sequential):
+    def __init__(self, dim: int, hidden: int, dropout: float) -> None:
+        super().__init__(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+
+
+class CrossTokenLinear(nn.Module):
+    """Residual cross-token linear sublayer for sequences: y = A[:n, :n] x + b[:n] (section 2).
+
+    The encoder uses the full matrix; the decoder masks it lower-triangular so position t only sees s <= t.
+    Padded inputs must be zero (the caller zeroes them), so they add nothing to real positions.
+    """
+
+    def __init__(self, max_len: int, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.weight = nn.Parameter(torch.empty(max_len, max_len))
+        self.bias = nn.Parameter(torch.zeros(max_len))
+        nn.init.trunc_normal_(self.weight, std=0.02)
+        if causal:
+            self.register_buffer("mask", torch.ones(max_len, max_len).tril().bool(), persistent=False)
+
+    def matrix(self, n: int) -> torch.Tensor:
+        a = self.weight[:n, :n]
+        return a.masked_fill(~self.mask[:n, :n], 0.0) if self.causal else a
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        return torch.matmul(self.matrix(n).to(x.dtype), x) + self.bias[:n, None].to(x.dtype)
+
+    def step(self, history: torch.Tensor, t: int) -> torch.Tensor:
+        """Output at position t from the inputs at positions 0..t (B, t+1, C): O(t) per step."""
+        a = self.weight[t, : t + 1].to(history.dtype)
+        return torch.einsum("s,bsc->bc", a, history) + self.bias[t].to(history.dtype)
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from decoder positions to the encoder output, keys/values cacheable."""
+
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.dropout = dropout
+
+    def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s, c = memory.shape
+        k, v = self.kv(memory).view(b, s, 2, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def forward(
+        self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], pad_mask: torch.Tensor
+    ) -> torch.Tensor:
+        b, t, c = x.shape
+        q = self.q(x).view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k, v = kv
+        keep = ~pad_mask[:, None, None, :]  # SDPA boolean masks are True where attention is allowed
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.proj(out.transpose(1, 2).reshape(b, t, c))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.token_norm = Affine(cfg.dim)
+        self.token_mix = CrossTokenLinear(cfg.max_len, causal=False)
+        self.token_scale = LayerScale(cfg.dim, cfg.layerscale_init)
+        self.ffn_norm = Affine(cfg.dim)
+        self.ffn = FeedForward(cfg.dim, cfg.hidden, cfg.dropout)
+        self.ffn_scale = LayerScale(cfg.dim, cfg.layerscale_init)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        # keep: (B, S, 1), 0 at padding. Zeroing the mixer's input stops padding reaching real tokens
+        # (the Affine's beta would otherwise make padded rows non-zero).
+        x = x + self.drop(self.token_scale(self.token_mix(self.token_norm(x) * keep)))
+        return x + self.drop(self.ffn_scale(self.ffn(self.ffn_norm(x))))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.token_norm = Affine(cfg.dim)
+        self.token_mix = CrossTokenLinear(cfg.max_len, causal=True)
+        self.token_scale = LayerScale(cfg.dim, cfg.layerscale_init)
+        self.attn_norm = Affine(cfg.dim)
+        self.attn = CrossAttention(cfg.dim, cfg.heads, cfg.dropout)
+        self.attn_scale = LayerScale(cfg.dim, cfg.layerscale_init)
+        self.ffn_norm = Affine(cfg.dim)
+        self.ffn = FeedForward(cfg.dim, cfg.hidden, cfg.dropout)
+        self.ffn_scale = LayerScale(cfg.dim, cfg.layerscale_init)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def after_mix(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], pad: torch.Tensor):
+        x = x + self.drop(self.attn_scale(self.attn(self.attn_norm(x), kv, pad)))
+        return x + self.drop(self.ffn_scale(self.ffn(self.ffn_norm(x))))
+
+    def forward(self, x: torch.Tensor, memory: Memory) -> torch.Tensor:
+        x = x + self.drop(self.token_scale(self.token_mix(self.token_norm(x))))
+        return self.after_mix(x, self.attn.keys_values(memory.out), memory.pad_mask)
+
+
+class ResMLPState:
+    """Incremental decoding state: each layer's normalised token-mixer inputs so far, cached K/V."""
+
+    def __init__(self, model: ResMLPSeq2Seq, memory: Memory) -> None:
+        b, dim = memory.out.shape[0], model.config.dim
+        n = len(model.decoder)
+        self.memory = memory
+        self.t = 0
+        self.history = memory.out.new_zeros(n, b, model.config.max_len, dim)
+        self.kv = [layer.attn.keys_values(memory.out) for layer in model.decoder]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.memory = self.memory.reorder(index)
+        self.history = self.history.index_select(1, index)
+        self.kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.kv]
+
+
+class Seq2SeqBase(nn.Module):
+    config: Seq2SeqConfig
+
+    def _init_embeddings(self, cfg: Seq2SeqConfig) -> None:
+        self.embed_scale = math.sqrt(cfg.dim)
+        self.src_embed = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id)
+        nn.init.normal_(self.src_embed.weight, std=cfg.dim**-0.5)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(
+            cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id
+        )
+        nn.init.normal_(self.tgt_embed.weight, std=cfg.dim**-0.5)
+        with torch.no_grad():
+            self.tgt_embed.weight[cfg.pad_id].zero_()
+            self.src_embed.weight[cfg.pad_id].zero_()
+        self.embed_drop = nn.Dropout(cfg.dropout)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Output projection tied to the target embedding."""
+        return F.linear(x, self.tgt_embed.weight.to(x.dtype))
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return self.decode(tgt_in, self.encode(src))
+
+    def check_length(self, name: str, tokens: torch.Tensor) -> None:
+        if tokens.shape[1] > self.config.max_len:
+            raise ValueError(
+                f"{name} batch has {tokens.shape[1]} tokens but the model's max_len is "
+                f"{self.config.max_len}; "
+                "truncate the input (resmlp.seq2seq.data does this) or build the model with a larger max_len"
+            )
+
+
+class ResMLPSeq2Seq(Seq2SeqBase):
+    """Encoder-decoder of Vaswani et al. with self-attention replaced by cross-token linear layers."""
+
+    def __init__(self, cfg: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self._init_embeddings(cfg)
+        # no position embeddings: A is indexed by position, so the mixing itself knows where tokens are
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.encoder_norm = Affine(cfg.dim)
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.decoder_norm = Affine(cfg.dim)
+
+    def encode(self, src: torch.Tensor) -> Memory:
+        self.check_length("source", src)
+        pad = src.eq(self.config.pad_id)
+        keep = (~pad).unsqueeze(-1).to(self.src_embed.weight.dtype)
+        x = self.embed_drop(self.src_embed(src) * self.embed_scale)
+        for layer in self.encoder:
+            x = layer(x, keep)
+        return Memory(self.encoder_norm(x), pad)
+
+    def decode(self, tgt_in: torch.Tensor, memory: Memory) -> torch.Tensor:
+        self.check_length("target", tgt_in)
+        # padded target positions come after the real ones, and the causal A never looks forward
+        x = self.embed_drop(self.tgt_embed(tgt_in) * self.embed_scale)
+        for layer in self.decoder:
+            x = layer(x, memory)
+        return self.logits(self.decoder_norm(x))
+
+    def init_state(self, memory: Memory) -> ResMLPState:
+        return ResMLPState(self, memory)
+
+    def step(self, tokens: torch.Tensor, state: ResMLPState) -> torch.Tensor:
+        """Logits (B, V) for the next position given the previous token (B,); updates `state`."""
+        t = state.t
+        if t >= self.config.max_len:
+            raise ValueError(f"cannot decode past the model's max_len {self.config.max_len}")
+        x = self.tgt_embed(tokens) * self.embed_scale
+        for i, layer in enumerate(self.decoder):
+            state.history[i, :, t] = layer.token_norm(x)
+            mixed = layer.token_mix.step(state.history[i, :, : t + 1], t)
+            x = x + layer.token_scale(mixed)
+            x = layer.after_mix(x[:, None], state.kv[i], state.memory.pad_mask)[:, 0]
+        state.t = t + 1
+        return self.logits(self.decoder_norm(x))
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal position encodings (Vaswani et al.) added to the Transformer's embeddings."""
+
+    def __init__(self, dim: int, max_len: int) -> None:
+        super().__init__()
+        pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+        freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+        pe = torch.zeros(max_len, dim)
+        pe[:, 0::2] = torch.sin(pos * freq)
+        pe[:, 1::2] = torch.cos(pos * freq)
+        self.register_buffer("pe", pe, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.pe[: x.shape[1]].to(x.dtype)
+
+
+class TransformerState:
+    """The Transformer baseline decodes by recomputing its decoder over the prefix (torch's layers
+    have no key/value cache); only the ResMLP decoder is incremental."""
+
+    def __init__(self, memory: Memory) -> None:
+        self.memory = memory
+        self.tokens = memory.out.new_zeros(memory.out.shape[0], 0, dtype=torch.long)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.memory = self.memory.reorder(index)
+        self.tokens = self.tokens.index_select(0, index)
+
+
+class TransformerSeq2Seq(Seq2SeqBase):
+    """Pre-norm Transformer baseline from torch.nn.TransformerEncoderLayer / TransformerDecoderLayer."""
+
+    def __init__(self, cfg: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self._init_embeddings(cfg)
+        self.positions = SinusoidalPositions(cfg.dim, cfg.max_len)
+
+        def layer_kw() -> dict[str, Any]:
+            return dict(d_model=cfg.dim, nhead=cfg.heads, dim_feedforward=cfg.hidden, dropout=cfg.dropout,
+                        batch_first=True, norm_first=True)
+
+        self.encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(**layer_kw()), cfg.encoder_layers, norm=nn.LayerNorm(cfg.dim),
+            enable_nested_tensor=False,
+        )
+        self.decoder = nn.TransformerDecoder(
+            nn.TransformerDecoderLayer(**layer_kw()), cfg.decoder_layers, norm=nn.LayerNorm(cfg.dim)
+        )
+
+    def encode(self, src: torch.Tensor) -> Memory:
+        self.check_length("source", src)
+        pad = src.eq(self.config.pad_id)
+        x = self.embed_drop(self.positions(self.src_embed(src) * self.embed_scale))
+        return Memory(self.encoder(x, src_key_padding_mask=pad), pad)
+
+    def decode(self, tgt_in: torch.Tensor, memory: Memory) -> torch.Tensor:
+        self.check_length("target", tgt_in)
+        n = tgt_in.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=tgt_in.device).triu(1)  # True = blocked
+        x = self.embed_drop(self.positions(self.tgt_embed(tgt_in) * self.embed_scale))
+        x = self.decoder(x, memory.out, tgt_mask=causal, memory_key_padding_mask=memory.pad_mask)
+        return self.logits(x)
+
+    def init_state(self, memory: Memory) -> TransformerState:
+        return TransformerState(memory)
+
+    def step(self, tokens: torch.Tensor, state: TransformerState) -> torch.Tensor:
+        if state.tokens.shape[1] >= self.config.max_len:
+            raise ValueError(f"cannot decode past the model's max_len {self.config.max_len}")
+        state.tokens = torch.cat([state.tokens, tokens[:, None]], dim=1)
+        return self.decode(state.tokens, state.memory)[:, -1]
+
+
+def build_model(cfg: Seq2SeqConfig) -> Seq2SeqBase:
+    return ResMLPSeq2Seq(cfg) if cfg.arch == "resmlp" else TransformerSeq2Seq(cfg)
+
+
+def model_config(preset: str, vocab_size: int, **overrides: Any) -> Seq2SeqConfig:
+    """Config of a named preset (base6, base12, small, tiny) with field overrides."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    return Seq2SeqConfig(vocab_size=vocab_size, **{**PRESETS[preset], **overrides})

@@ -1,0 +1,101 @@
+"""Parallel files, tokenizer, batching and the number-words task, bad input included."""
+
+from __future__ import annotations
+
+import pytest
+from num2words import num2words
+
+from resmlp.seq2seq.data import Tokenizer, collate, read_parallel, token_batches
+from resmlp.seq2seq.tasks import make_number_task, number_splits
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    lines = [num2words(n) for n in range(300)] + [num2words(n, lang="de") for n in range(300)]
+    return Tokenizer.train(lines, vocab_size=120)
+
+
+def write(path, lines):
+    path.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return path
+
+
+def test_mismatched_line_counts_are_refused(tmp_path):
+    src = write(tmp_path / "a.src", ["one", "two", "three"])
+    tgt = write(tmp_path / "a.tgt", ["eins", "zwei"])
+    with pytest.raises(ValueError, match=r"has 3 lines but .* has 2"):
+        read_parallel(src, tgt)
+
+
+def test_empty_lines_are_refused_with_their_line_numbers(tmp_path):
+    src = write(tmp_path / "a.src", ["one", "", "three"])
+    tgt = write(tmp_path / "a.tgt", ["eins", "zwei", "drei"])
+    with pytest.raises(ValueError, match=r"empty line.*line 2"):
+        read_parallel(src, tgt)
+
+
+def test_non_utf8_file_is_refused(tmp_path):
+    (tmp_path / "a.src").write_bytes(b"caf\xe9\n")
+    write(tmp_path / "a.tgt", ["x"])
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_parallel(tmp_path / "a.src", tmp_path / "a.tgt")
+
+
+def test_long_lines_are_truncated_with_a_warning(tokenizer):
+    long = " ".join(["three hundred"] * 20)
+    with pytest.warns(UserWarning, match="1 of 2 .* truncated"):
+        ids = tokenizer.encode([long, "seven"], max_tokens=6)
+    assert len(ids[0]) == 6 and len(ids[1]) < 6
+
+
+def test_unknown_characters_become_unk_with_a_warning(tokenizer):
+    with pytest.warns(UserWarning, match="unknown to the tokenizer"):
+        ids = tokenizer.encode(["five 三百 ☃"], max_tokens=50)
+    assert 3 in ids[0]
+    assert isinstance(tokenizer.decode(ids)[0], str)
+
+
+def test_tokenizer_round_trips_and_keeps_special_ids(tokenizer):
+    text = "three hundred and forty-two"
+    again = Tokenizer(tokenizer.model_bytes)
+    assert again.decode(again.encode([text], 50)) == [text]
+    assert min(min(x) for x in tokenizer.encode([text], 50)) > 3  # no pad/bos/eos/unk in ordinary text
+
+
+def test_token_batches_cover_every_pair_once_within_budget():
+    src = [3, 10, 4, 25, 7, 7, 2, 60] * 5
+    tgt = [4, 9, 5, 20, 8, 6, 3, 10] * 5
+    batches = token_batches(src, tgt, max_tokens=64, seed=0)
+    assert sorted(i for b in batches for i in b) == list(range(len(src)))
+    for b in batches:
+        longest = max(max(src[i], tgt[i] + 1) for i in b)
+        assert len(b) == 1 or longest * len(b) <= 64
+    assert token_batches(src, tgt, 64, seed=0) == batches != token_batches(src, tgt, 64, seed=1)
+
+
+def test_collate_adds_bos_eos_and_right_padding():
+    src, tgt_in, tgt_out = collate([[5, 6, 7], [8]], [[9], [10, 11]])
+    assert src.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert tgt_in.tolist() == [[1, 9, 0], [1, 10, 11]]
+    assert tgt_out.tolist() == [[9, 2, 0], [10, 11, 2]]
+
+
+def test_number_task_holds_out_test_numbers(tmp_path):
+    splits = number_splits(train_size=3000, valid_size=100, test_size=200, max_digits=5, seed=0)
+    train = set(splits["train"])
+    assert set(range(100)) <= train
+    assert not train & set(splits["test"]) and not train & set(splits["valid"])
+    assert not set(splits["test"]) & set(splits["valid"])
+    assert all(100 <= n < 100_000 for n in splits["test"])
+    with pytest.raises(ValueError, match="max_digits"):
+        number_splits(10, 1, 1, max_digits=2, seed=0)
+
+
+def test_number_task_files_are_aligned_german_reorders(tmp_path):
+    make_number_task("numbers-en-de", tmp_path, train_size=300, valid_size=10, test_size=20, max_digits=4)
+    src, tgt = read_parallel(tmp_path / "train.src", tmp_path / "train.tgt")
+    pairs = dict(zip(src, tgt, strict=True))
+    assert pairs["forty-two"] == "zweiundvierzig"  # units before tens
+    assert len(read_parallel(tmp_path / "test.src", tmp_path / "test.tgt")[0]) == 20
+    with pytest.raises(ValueError, match="unknown task"):
+        make_number_task("numbers-en-xx", tmp_path)

@@ -1,0 +1,103 @@
+"""`resmlp translate train|eval|decode` end to end on a tiny corpus (single process), and the scores."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from num2words import num2words
+
+from resmlp.cli import main
+from resmlp.seq2seq.train import load_trained, scores
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    splits = {"train": range(0, 400), "valid": range(400, 420), "test": range(420, 440)}
+    for split, numbers in splits.items():
+        (root / f"{split}.en").write_text("".join(num2words(n) + "\n" for n in numbers), encoding="utf-8")
+        (root / f"{split}.fr").write_text("".join(num2words(n, lang="fr") + "\n" for n in numbers),
+                                          encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "run"
+    args = ["translate", "train", "--data", str(corpus), "--src-suffix", "en", "--tgt-suffix", "fr",
+            "--preset", "tiny", "--max-len", "24", "--vocab-size", "150", "--max-tokens", "512",
+            "--optimizer", "adam", "--lr", "3e-3", "--warmup-steps", "5", "--max-steps", "16",
+            "--eval-every", "8", "--beam", "1", "--output", str(out)]
+    assert main(args) == 0
+    return out, args
+
+
+def test_train_writes_summary_checkpoint_tokenizer_and_log(trained):
+    out, _ = trained
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("bleu", "chrf", "exact_match", "wall_seconds", "tokenized_bleu", "params", "steps"):
+        assert key in summary
+    assert summary["steps"] == 16 and summary["sentences"] == 20
+    assert (out / "tokenizer.model").stat().st_size > 0
+    rows = [r for r in csv.DictReader((out / "log.csv").read_text().splitlines()) if r["valid_loss"]]
+    assert [int(r["step"]) for r in rows] == [8, 16]
+    assert float(rows[1]["valid_loss"]) < float(rows[0]["valid_loss"])  # it learns
+    model, tok, ckpt = load_trained(out)
+    assert ckpt["step"] == 16 and model.config.max_len == 24 and len(tok) == model.config.vocab_size
+
+
+def test_existing_run_needs_resume_then_continues(trained, capsys):
+    out, args = trained
+    assert main(args) == 2
+    assert "--resume" in capsys.readouterr().err
+    more = [a if a != "16" else "20" for a in args] + ["--resume"]
+    assert main(more) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 20
+
+
+def test_eval_and_decode_commands(trained, corpus, capsys, monkeypatch):
+    out, _ = trained
+    assert main(["translate", "eval", str(out), "--beam", "2", "--src", str(corpus / "valid.en"),
+                 "--ref", str(corpus / "valid.fr")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert 0.0 <= result["exact_match"] <= 100.0 and "chrf" in result
+    monkeypatch.setattr("sys.stdin", io.StringIO("three hundred\n\nfive\n"))
+    assert main(["translate", "decode", str(out / "checkpoint.pt"), "--beam", "2"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == 4 and lines[1] == ""  # the empty input line stays an empty output line
+
+
+def test_eval_of_a_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
+    assert main(["translate", "eval", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_scores_exact_match_and_labelled_tokenized_bleu():
+    refs = ["deux cent mille trois cent un", "neuf cent mille quatre cent deux"]
+    perfect = scores(refs, refs)
+    assert perfect["exact_match"] == 100.0 and perfect["bleu"] == pytest.approx(100.0)
+    half = scores([refs[0], "neuf cent mille quatre cent trois"], refs)
+    assert half["exact_match"] == 50.0 and half["chrf"] < 100.0 and half["bleu"] < 100.0
+    # compound splitting ("quarante ##AT##-##AT## deux") gives partial credit inside hyphenated words
+    hyp, ref = ["mille cent quarante-trois"], ["mille cent quarante-deux"]
+    assert scores(hyp, ref)["tokenized_bleu"] > scores(hyp, ref)["bleu"]
+
+
+def test_torchrun_ddp_two_gloo_processes(corpus, tmp_path):
+    out = tmp_path / "ddp"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc_per_node", "2", "-m", "resmlp", "translate", "train", "--data", str(corpus),
+           "--src-suffix", "en", "--tgt-suffix", "fr", "--preset", "tiny", "--max-len", "24",
+           "--vocab-size", "150", "--max-tokens", "512", "--optimizer", "adam", "--lr", "3e-3",
+           "--warmup-steps", "5", "--max-steps", "6", "--eval-every", "3", "--beam", "1", "--output", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 6 and "exact_match" in summary
+    rows = [r for r in csv.DictReader((out / "log.csv").read_text().splitlines()) if r["valid_loss"]]
+    assert [int(r["step"]) for r in rows] == [3, 6]  # rank 0 alone writes the log
