@@ -10,6 +10,12 @@ import sys
 # each module defines register(subparsers) and gives its parsers a `run(args) -> int` default
 COMMAND_MODULES = (
     "resmlp.commands.models",
+    "resmlp.commands.analyze",
+    "resmlp.commands.benchmark",
+    "resmlp.commands.translate",
+    "resmlp.commands.train",
+    "resmlp.commands.predict",
+    "resmlp.commands.export",
 )
 
 

@@ -1,0 +1,98 @@
+"""Datasets for training and evaluation: Fashion-MNIST (default), image folders, CIFAR, synthetic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
+from torch.utils.data import Dataset
+
+from resmlp.data import cifar as _cifar
+from resmlp.data import fashion_mnist as _fmnist
+from resmlp.data.arrays import ArrayDataset
+from resmlp.data.fashion_mnist import fashion_mnist, read_idx
+from resmlp.data.folder import SkippingImageFolder
+from resmlp.data.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
+from resmlp.data.synthetic import synthetic
+
+KINDS = ("fashion-mnist", "folder", "cifar10", "cifar100", "synthetic")
+DEFAULT_STATS = {
+    "fashion-mnist": (_fmnist.MEAN, _fmnist.STD),
+    "cifar10": (_cifar.MEAN, _cifar.STD),
+    "cifar100": (_cifar.MEAN, _cifar.STD),
+    "synthetic": ((0.5,), (0.25,)),
+}
+
+__all__ = ["KINDS", "ArrayDataset", "Preprocess", "ResumableSampler", "SeededDataset", "ShardSampler",
+           "SkippingImageFolder", "build_dataset", "build_transform", "collate_skipping", "dataset_stats",
+           "fashion_mnist", "read_idx", "synthetic"]
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """The evaluation preprocessing stored in checkpoint metadata ("preprocess" in the contract)."""
+
+    img_size: int
+    in_chans: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float = 0.875
+    interpolation: str = "bicubic"
+
+    def to_dict(self) -> dict:
+        return dict(img_size=self.img_size, crop_pct=self.crop_pct, interpolation=self.interpolation,
+                    mean=list(self.mean), std=list(self.std), in_chans=self.in_chans)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Preprocess:
+        return cls(img_size=d["img_size"], in_chans=d.get("in_chans", len(d["mean"])), mean=tuple(d["mean"]),
+                   std=tuple(d["std"]), crop_pct=d.get("crop_pct", 0.875),
+                   interpolation=d.get("interpolation", "bicubic"))
+
+
+def dataset_stats(kind: str, in_chans: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Default normalisation for a dataset kind, with as many channels as the model takes."""
+    mean, std = DEFAULT_STATS.get(kind, (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD))
+    if len(mean) != in_chans:  # grayscale repeated to RGB, or colour read as grayscale
+        mean, std = (sum(mean) / len(mean),) * in_chans, (sum(std) / len(std),) * in_chans
+    return tuple(mean), tuple(std)
+
+
+def build_transform(pre: Preprocess, training: bool, aug: dict | None = None):
+    """timm's transform: `aug` holds the training options (scale, ratio, hflip, auto_augment, reprob...)."""
+    size = (pre.in_chans, pre.img_size, pre.img_size)
+    if not training:
+        return create_transform(size, is_training=False, interpolation=pre.interpolation, mean=pre.mean,
+                                std=pre.std, crop_pct=pre.crop_pct)
+    aug = aug or {}
+    return create_transform(
+        size, is_training=True, scale=tuple(aug.get("scale", (0.08, 1.0))),
+        ratio=tuple(aug.get("ratio", (3 / 4, 4 / 3))), hflip=aug.get("hflip", 0.5),
+        color_jitter=aug.get("color_jitter", 0.0), auto_augment=aug.get("auto_augment"),
+        interpolation=pre.interpolation, mean=pre.mean, std=pre.std, re_prob=aug.get("reprob", 0.0),
+        re_mode="pixel", re_count=1,
+    )
+
+
+def build_dataset(kind: str, split: str, data_dir: str | Path | None, in_chans: int, transform=None,
+                  synthetic_size: tuple[int, int] = (256, 64), synthetic_classes: int = 4,
+                  img_size: int = 28, seed: int = 0) -> Dataset:
+    """Split 'train' or 'val' of a dataset kind (Fashion-MNIST and CIFAR call 'val' their test set)."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if kind == "fashion-mnist":
+        return fashion_mnist("train" if split == "train" else "test", data_dir, in_chans, transform)
+    if kind in ("cifar10", "cifar100"):
+        if data_dir is None:
+            raise ValueError(f"{kind} needs data.dir (the folder holding the python-pickle version)")
+        return _cifar.cifar(kind, "train" if split == "train" else "test", data_dir, in_chans, transform)
+    if kind == "folder":
+        if data_dir is None:
+            raise ValueError("an image-folder dataset needs data.dir (holding train/<class>/ and val/<class>/)")
+        return SkippingImageFolder(Path(data_dir) / split, in_chans=in_chans, transform=transform)
+    if kind == "synthetic":
+        n = synthetic_size[0] if split == "train" else synthetic_size[1]
+        return synthetic(split, n, synthetic_classes, img_size, in_chans, seed=seed, transform=transform)
+    raise ValueError(f"unknown dataset kind {kind!r}; choose one of {', '.join(KINDS)}")
+

@@ -1,0 +1,56 @@
+"""In-memory image datasets (Fashion-MNIST, CIFAR, synthetic): uint8 arrays turned into PIL images."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+
+
+class ArrayDataset(Dataset):
+    """uint8 images (N, H, W) or (N, H, W, 3) with integer labels; yields (transform(PIL image), label).
+
+    `in_chans` picks the PIL mode handed to the transform: 1 -> "L", 3 -> "RGB" (grayscale is repeated,
+    colour is converted to luminance), so every dataset works with either kind of model.
+    """
+
+    def __init__(
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        class_names: Sequence[str],
+        in_chans: int = 3,
+        transform: Callable | None = None,
+    ) -> None:
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        if len(images) == 0:
+            raise ValueError("the dataset has zero images")
+        self.images = images
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.class_names = list(class_names)
+        self.mode = _pil_mode(in_chans)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int):
+        image = Image.fromarray(self.images[index])
+        if image.mode != self.mode:
+            image = image.convert(self.mode)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[index])
+
+    @property
+    def targets(self) -> list[int]:
+        return self.labels.tolist()
+
+
+def _pil_mode(in_chans: int) -> str:
+    if in_chans not in (1, 3):
+        raise ValueError(f"image datasets give 1 (grayscale) or 3 (RGB) channels, not in_chans={in_chans}")
+    return "L" if in_chans == 1 else "RGB"

@@ -1,0 +1,94 @@
+"""Per-epoch metrics (CSV, TensorBoard), learning-curve and confusion-matrix plots; rank 0 only."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from resmlp.checkpoint import atomic_write
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> Path:
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+
+
+def write_metrics_csv(path: str | Path, history: list[dict[str, Any]]) -> Path:
+    """The whole history every epoch (rewritten, so a resumed run's file has no duplicate rows)."""
+    columns = list(dict.fromkeys(k for row in history for k in row))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(history)
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(buf.getvalue()))
+
+
+def plot_learning_curves(path: str | Path, history: list[dict[str, Any]]) -> Path:
+    """Loss (train, val) and top-1 accuracy per epoch, two panels, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [row["epoch"] for row in history]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
+    ax_loss.plot(epochs, [r["val_loss"] for r in history], "o-", label="val")
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
+    ax_loss.legend()
+    ax_acc.plot(epochs, [r["val_top1"] for r in history], "o-", label="val top-1")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="top-1 accuracy")
+    ax_acc.legend()
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_confusion_matrix(path: str | Path, confusion: np.ndarray, class_names: list[str]) -> Path:
+    """Row-normalised confusion matrix (rows: true class) as a PNG; counts in cells for up to 20 classes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = len(class_names)
+    rates = confusion / np.maximum(confusion.sum(axis=1, keepdims=True), 1)
+    size = min(4 + 0.5 * k, 30)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(rates, cmap="Blues", vmin=0, vmax=1)
+    if k <= 50:
+        ax.set_xticks(range(k), class_names, rotation=90)
+        ax.set_yticks(range(k), class_names)
+    if k <= 20:
+        for i in range(k):
+            for j in range(k):
+                ax.text(j, i, int(confusion[i, j]), ha="center", va="center",
+                        color="white" if rates[i, j] > 0.5 else "black", fontsize=8)
+    ax.set(xlabel="predicted", ylabel="true", title="confusion matrix")
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+    return Path(path)
+
+
+class TensorBoardLog:
+    """torch.utils.tensorboard scalars under DIR/tensorboard; one add_scalar per metric per epoch."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir))
+
+    def log(self, row: dict[str, Any]) -> None:
+        for key, value in row.items():
+            if key != "epoch" and isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, row["epoch"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
