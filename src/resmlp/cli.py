@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "resmlp.commands.train",
     "resmlp.commands.predict",
     "resmlp.commands.export",
+    "resmlp.commands.pretrain", "resmlp.commands.probe", "resmlp.commands.finetune",
 )
 
 

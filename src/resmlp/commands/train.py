@@ -6,7 +6,7 @@ import argparse
 import json
 
 from resmlp.data import KINDS
-from resmlp.train.config import RECIPES
+from resmlp.train.config import RECIPES, parse_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", help="= --set data.dir=DIR")
     p.add_argument("--model", help="= --set model.name=PRESET")
     p.add_argument("--device", help="= --set train.device=DEVICE (auto, cpu, cuda, cuda:N)")
+    p.add_argument("--distill", metavar="TEACHER",
+                   help="distil from TEACHER: a checkpoint file, timm:NAME or torchvision:NAME (= distill.teacher)")
+    p.add_argument("--distill-type", choices=("hard", "soft"), help="= --set distill.type (default hard)")
+    p.add_argument("--distill-alpha", type=float, help="soft distillation: weight of the KL term (= distill.alpha)")
+    p.add_argument("--distill-tau", type=float, help="soft distillation: temperature (= distill.tau)")
+    p.add_argument("--teacher-weights", help="weights file of a timm:/torchvision: teacher (= distill.weights)")
     p.set_defaults(run=run_train)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset: accuracy, per-class, confusion matrix")
@@ -42,8 +48,10 @@ def run_train(args: argparse.Namespace) -> int:
     from resmlp.train import train
 
     flags = {"schedule.epochs": args.epochs, "train.batch_size": args.batch_size, "data.dir": args.data_dir,
-             "model.name": args.model, "train.device": args.device}
-    overrides = [f"{key}={value}" for key, value in flags.items() if value is not None] + args.overrides
+             "model.name": args.model, "train.device": args.device, "distill.teacher": args.distill,
+             "distill.type": args.distill_type, "distill.alpha": args.distill_alpha, "distill.tau": args.distill_tau,
+             "distill.weights": args.teacher_weights}
+    overrides = {**{k: v for k, v in flags.items() if v is not None}, **parse_overrides(args.overrides)}
     summary = train(args.recipe, args.output, overrides=overrides, resume=args.resume)
     print(f"test top-1 {summary['test_top1']:.2f}%, top-5 {summary['test_top5']:.2f}% after {summary['epochs']} "
           f"epochs in {summary['wall_seconds']:.0f}s\n"

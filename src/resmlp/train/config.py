@@ -1,7 +1,8 @@
 """Training configuration: recipe YAML + overrides -> a validated `TrainConfig`, checked before any work.
 
 Sections and keys (see the recipes in resmlp/recipes/*.yaml for documented examples):
-model (a preset name plus any ResMLPConfig field), data, optim, schedule, loss, train.
+model (a preset name plus any ResMLPConfig field, or a timm model name plus its arguments), data, optim,
+schedule, loss, train, and the optional distill, finetune and dino sections.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 
 from resmlp.data import KINDS
-from resmlp.models.registry import model_config
+from resmlp.models.registry import PRESETS, model_config
 from resmlp.models.resmlp import ResMLPConfig
 
 
@@ -42,6 +43,9 @@ class DataConfig:
     num_workers: int = 2
     synthetic_size: list[int] = field(default_factory=lambda: [256, 64])  # train, val (kind: synthetic)
     synthetic_classes: int = 4
+    permute: str = "none"  # none | patch | global: one fixed pixel permutation on train and val (resmlp.data.permute)
+    permute_patch: int = 4  # patch mode: patch side in pixels (use the model's patch size)
+    permute_seed: int = 0
 
 
 @dataclass
@@ -51,6 +55,7 @@ class OptimConfig:
     reference_batch: int | None = None  # lr belongs to this global batch; scaled linearly. None: as is
     weight_decay: float = 0.05
     momentum: float = 0.9  # sgd only
+    layer_decay: float | None = None  # layer-wise lr decay (e.g. 0.75, fine-tuning); None: off
 
 
 @dataclass
@@ -67,6 +72,43 @@ class ScheduleConfig:
 @dataclass
 class LossConfig:
     label_smoothing: float = 0.0
+
+
+@dataclass
+class DistillConfig:
+    teacher: str | None = None  # checkpoint file, timm:NAME or torchvision:NAME; None: no distillation
+    type: str = "hard"  # hard (DeiT's: teacher argmax as a second label) | soft (KL at temperature tau)
+    alpha: float = 0.5  # soft: weight of the KL term
+    tau: float = 1.0  # soft: temperature
+    weights: str | None = None  # weights file for a timm:/torchvision: teacher; None: random init
+
+
+@dataclass
+class FinetuneConfig:
+    checkpoint: str | None = None  # start from this checkpoint (ours, timm, DeiT, DINO backbone); None: scratch
+    img_size: int | None = None  # new input resolution (cross-patch weights resized); None: the checkpoint's
+    freeze: int | str | None = None  # N: freeze the stem and the first N blocks; all-but-head; None: train all
+
+
+@dataclass
+class DinoConfig:
+    out_dim: int = 4096  # DINO head output (prototypes)
+    hidden_dim: int = 512
+    bottleneck_dim: int = 128
+    norm_last_layer: bool = True
+    num_local: int = 4  # local crops (resized to the global size, see resmlp.train.dino)
+    global_scale: list[float] = field(default_factory=lambda: [0.4, 1.0])
+    local_scale: list[float] = field(default_factory=lambda: [0.05, 0.4])
+    local_size: int | None = None  # crop size before resizing to the global size; None: 3/7 of it
+    teacher_temp: float = 0.04
+    warmup_teacher_temp: float = 0.04
+    warmup_teacher_temp_epochs: int = 0
+    student_temp: float = 0.1
+    center_momentum: float = 0.9
+    momentum_teacher: float = 0.996  # EMA momentum at the start; cosine to 1.0 at the end
+    freeze_last_layer_epochs: int = 1
+    knn_k: int = 20
+    knn_temperature: float = 0.07
 
 
 @dataclass
@@ -96,6 +138,9 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainSection = field(default_factory=TrainSection)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    dino: DinoConfig = field(default_factory=DinoConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,10 +152,29 @@ class TrainConfig:
             overrides.setdefault("num_classes", num_classes)
         return model_config(self.model["name"], **overrides)
 
+    @property
+    def is_timm_model(self) -> bool:
+        """model.name is a timm architecture (e.g. a convnet teacher), not one of this project's presets."""
+        return is_timm_name(self.model["name"])
+
+    def input_shape(self) -> tuple[int, int]:
+        """(in_chans, img_size) the model takes; for timm models model.in_chans (3) and model.img_size (224)."""
+        if self.is_timm_model:
+            return self.model.get("in_chans", 3), self.model.get("img_size", 224)
+        cfg = self.model_config()
+        return cfg.in_chans, cfg.img_size
+
+
+def is_timm_name(name: str) -> bool:
+    import timm
+
+    return name not in PRESETS and timm.is_model(name)
+
 
 SECTIONS = {"data": DataConfig, "optim": OptimConfig, "schedule": ScheduleConfig, "loss": LossConfig,
-            "train": TrainSection}
-RECIPES = ("deit", "old-fashioned", "fashion-mnist-quick", "fashion-mnist-full")
+            "train": TrainSection, "distill": DistillConfig, "finetune": FinetuneConfig, "dino": DinoConfig}
+RECIPES = ("deit", "old-fashioned", "fashion-mnist-quick", "fashion-mnist-full", "fashion-mnist-teacher",
+           "fashion-mnist-distill", "dino-fashion-mnist")
 
 
 def recipe_path(name_or_path: str | Path) -> Path:
@@ -263,10 +327,11 @@ def _check_values(cfg: TrainConfig) -> list[str]:
         if not cond:
             errors.append(msg)
 
-    try:
-        cfg.model_config()
-    except (ValueError, TypeError) as e:
-        errors.append(f"model: {e}")
+    if not cfg.is_timm_model:
+        try:
+            cfg.model_config()
+        except (ValueError, TypeError) as e:
+            errors.append(f"model: {e}")
     need(d.kind in KINDS, f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}")
     if d.dir is not None:
         need(Path(d.dir).is_dir(), f"data.dir: {d.dir} does not exist or is not a folder")
@@ -282,6 +347,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
         need(getattr(d, key) >= 0, f"data.{key} must be >= 0, got {getattr(d, key)}")
     need(d.repeated_aug >= 0, f"data.repeated_aug must be >= 0, got {d.repeated_aug}")
     need(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
+    need(d.permute in ("none", "patch", "global"), f"data.permute: {d.permute!r} is not one of none, patch, global")
     if d.auto_augment is not None:
         need(d.auto_augment.startswith(("rand", "augmix", "original", "v0", "3a")),
              f"data.auto_augment: {d.auto_augment!r} is not a timm policy string such as rand-m9-mstd0.5-inc1")
@@ -301,6 +367,19 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(t.threads is None or t.threads >= 1, f"train.threads must be >= 1 or null, got {t.threads}")
     need(0 < t.ema_decay < 1, f"train.ema_decay must be in (0, 1), got {t.ema_decay}")
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0")
+    need(o.layer_decay is None or 0 < o.layer_decay <= 1, f"optim.layer_decay must be in (0, 1], got {o.layer_decay}")
+    kd, ft, dn = cfg.distill, cfg.finetune, cfg.dino
+    need(kd.type in ("hard", "soft"), f"distill.type: {kd.type!r} is not one of hard, soft")
+    need(0 <= kd.alpha <= 1, f"distill.alpha must be in [0, 1], got {kd.alpha}")
+    need(kd.tau > 0, f"distill.tau must be > 0, got {kd.tau}")
+    need(ft.img_size is None or ft.img_size > 0, f"finetune.img_size must be > 0, got {ft.img_size}")
+    need(ft.freeze is None or ft.freeze == "all-but-head" or (isinstance(ft.freeze, int) and ft.freeze >= 0),
+         f"finetune.freeze: expected a number of blocks (>= 0) or all-but-head, got {ft.freeze!r}")
+    need(dn.num_local >= 0 and dn.out_dim >= 1, "dino.num_local must be >= 0 and dino.out_dim >= 1")
+    need(0 <= dn.momentum_teacher < 1, f"dino.momentum_teacher must be in [0, 1), got {dn.momentum_teacher}")
+    for key in ("global_scale", "local_scale"):
+        v = getattr(dn, key)
+        need(len(v) == 2 and 0 < v[0] <= v[1] <= 1, f"dino.{key}: [min, max] in (0, 1], got {v}")
     need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
          f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
     return errors

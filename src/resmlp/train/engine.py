@@ -1,7 +1,9 @@
 """The training loop: recipe in, checkpoints, metrics, plots and summary.json out.
 
 The loss is pluggable (`loss_fn(model, images, targets) -> loss`), so distillation, DINO or fine-tuning
-reuse this loop with their own objective; `SupervisedLoss` is the paper's supervised one.
+reuse this loop with their own objective; `SupervisedLoss` is the paper's supervised one. Distillation
+(config section `distill`) and fine-tuning (`finetune`) are options of this Trainer; DINO is a subclass
+(resmlp.train.dino_trainer) overriding the hooks marked "hook" below. `images` may be a list of crops.
 """
 
 from __future__ import annotations
@@ -58,11 +60,16 @@ class SupervisedLoss:
     criterion: nn.Module
 
     def __call__(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if self.mixup is not None:
-            if len(images) % 2:  # timm's Mixup pairs images; an odd batch (skipped images) drops one
-                images, targets = images[:-1], targets[:-1]
-            images, targets = self.mixup(images, targets)
+        images, targets = self.mix(images, targets)
         return self.criterion(model(images), targets)
+
+    def mix(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mixup/CutMix the batch (soft targets) when enabled; shared with the distillation loss."""
+        if self.mixup is None:
+            return images, targets
+        if len(images) % 2:  # timm's Mixup pairs images; an odd batch (skipped images) drops one
+            images, targets = images[:-1], targets[:-1]
+        return self.mixup(images, targets)
 
 
 def supervised_loss(cfg: TrainConfig, num_classes: int) -> SupervisedLoss:
@@ -111,8 +118,12 @@ class RunData:
     preprocess: Preprocess
 
 
-def build_data(cfg: TrainConfig, in_chans: int, img_size: int) -> RunData:
-    """Train and val datasets with their transforms; errors (missing files, empty classes) come first."""
+def build_data(cfg: TrainConfig, in_chans: int, img_size: int,
+               train_transform: Callable[[Preprocess], Any] | None = None) -> RunData:
+    """Train and val datasets with their transforms; errors (missing files, empty classes) come first.
+
+    train_transform(preprocess) replaces the recipe's training augmentation (DINO's multi-crop).
+    """
     d = cfg.data
     mean, std = (tuple(d.mean), tuple(d.std)) if d.mean else dataset_stats(d.kind, in_chans)
     if len(mean) != in_chans:
@@ -121,8 +132,10 @@ def build_data(cfg: TrainConfig, in_chans: int, img_size: int) -> RunData:
     aug = dict(scale=d.scale, ratio=d.ratio, hflip=d.hflip, color_jitter=d.color_jitter,
                auto_augment=d.auto_augment, reprob=d.reprob)
     common = dict(data_dir=d.dir, in_chans=in_chans, synthetic_size=tuple(d.synthetic_size),
-                  synthetic_classes=d.synthetic_classes, img_size=img_size, seed=cfg.train.seed)
-    train = build_dataset(d.kind, "train", transform=build_transform(pre, True, aug), **common)
+                  synthetic_classes=d.synthetic_classes, img_size=img_size, seed=cfg.train.seed,
+                  permute=d.permute, permute_patch=d.permute_patch, permute_seed=d.permute_seed)
+    train_tf = train_transform(pre) if train_transform else build_transform(pre, True, aug)
+    train = build_dataset(d.kind, "train", transform=train_tf, **common)
     val = build_dataset(d.kind, "val", transform=build_transform(pre, False), **common)
     if train.class_names != val.class_names:
         raise ValueError(f"train and val classes differ: {len(train.class_names)} vs {len(val.class_names)} "
@@ -169,11 +182,12 @@ def eval_loader(dataset, batch_size: int, num_workers: int, info: DistInfo | Non
 # ------------------------------------------------------------------------------------------ training
 def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", output_dir: str | Path = "runs/train",
           overrides: dict[str, Any] | list[str] | None = None, resume: bool | str | Path = False,
-          loss_fn: LossFn | None = None) -> dict[str, Any]:
+          loss_fn: LossFn | None = None, trainer_class: type[Trainer] | None = None) -> dict[str, Any]:
     """Train a model from a recipe (name, YAML path, dict or TrainConfig); return summary.json's content.
 
     overrides: {"optim.lr": 1e-3} or ["optim.lr=1e-3"]. resume: True continues OUTPUT/last.pth, a path
-    continues that state file. loss_fn(model, images, targets) replaces the supervised loss.
+    continues that state file. loss_fn(model, images, targets) replaces the supervised loss; trainer_class
+    a Trainer subclass (e.g. DINOTrainer).
     Launched by torchrun, every process calls this; only rank 0 writes files.
     """
     cfg = load_config(recipe, overrides)
@@ -185,7 +199,7 @@ def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", outpu
         torch.use_deterministic_algorithms(True, warn_only=True)
     info = init_distributed(cfg.train.device)
     try:
-        return Trainer(cfg, Path(output_dir), info, resume, loss_fn).fit()
+        return (trainer_class or Trainer)(cfg, Path(output_dir), info, resume, loss_fn).fit()
     finally:
         shutdown(info)
         torch.set_num_threads(threads)
@@ -210,13 +224,13 @@ class Trainer:
         self.micro_batch = t.batch_size // world_micro
         torch.manual_seed(t.seed)  # model initialisation
 
-        probe = cfg.model_config()
-        self.data = build_data(cfg, probe.in_chans, probe.img_size)
+        in_chans, img_size = cfg.input_shape()
+        self.data = build_data(cfg, in_chans, img_size, self._train_transform())
         num_classes = len(self.data.class_names)
         if "num_classes" in cfg.model and cfg.model["num_classes"] != num_classes:
             raise ValueError(f"model.num_classes={cfg.model['num_classes']} but the dataset has {num_classes} "
                              "classes; drop model.num_classes to take it from the data")
-        self.model: ResMLP = ResMLP(cfg.model_config(num_classes)).to(device)
+        self.model: nn.Module = self._build_model(num_classes).to(device)
         if t.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.sampler = ResumableSampler(self.data.train, t.seed, info.world_size, info.rank, cfg.data.repeated_aug)
@@ -228,9 +242,10 @@ class Trainer:
         opt_name = {"sgd": "momentum", "lamb": "lamb", "adamw": "adamw"}[cfg.optim.name]  # plain momentum SGD
         # filter_bias_and_bn: no weight decay on 1-D parameters (Affine alpha/beta, LayerScale, biases)
         # nor on model.no_weight_decay() names
+        # layer_decay: timm's layer-wise lr decay over model.group_matcher(); frozen parameters are left out
         self.optimizer = create_optimizer_v2(self.model, opt=opt_name, lr=self.lr,
                                              weight_decay=cfg.optim.weight_decay, momentum=cfg.optim.momentum,
-                                             filter_bias_and_bn=True)
+                                             filter_bias_and_bn=True, layer_decay=cfg.optim.layer_decay)
         s = cfg.schedule
         self.scheduler, _ = create_scheduler_v2(
             self.optimizer, sched=s.name, num_epochs=s.epochs, decay_epochs=s.decay_epochs, decay_rate=s.decay_rate,
@@ -238,7 +253,7 @@ class Trainer:
             updates_per_epoch=self.steps_per_epoch)
         self.ema = ModelEmaV3(self.model, decay=t.ema_decay) if t.ema else None
         self.scaler = torch.amp.GradScaler("cuda") if self.amp == "fp16" else None
-        self.loss_fn = loss_fn or supervised_loss(cfg, num_classes)
+        self.loss_fn = loss_fn or self._build_loss(num_classes)
         self.train_model: nn.Module = torch.compile(self.model) if t.compile else self.model
         if info.enabled:
             ids = [device.index] if device.type == "cuda" else None
@@ -250,6 +265,68 @@ class Trainer:
         self.wall_before = 0.0  # training seconds spent before a resume
         if self.state_path is not None:
             self._restore(load_state(self.state_path))
+
+    # -------------------------------------------------------------------------------- hooks
+    def _train_transform(self) -> Callable[[Preprocess], Any] | None:
+        """hook: the training transform built from the preprocessing; None: the recipe's augmentation."""
+        return None
+
+    def _build_model(self, num_classes: int) -> nn.Module:
+        """hook: a preset ResMLP/Mixer, a timm model (model.name not a preset), or a fine-tuning start."""
+        cfg = self.cfg
+        if cfg.finetune.checkpoint:
+            from resmlp.train.finetune import build_finetune_model
+
+            return build_finetune_model(cfg, num_classes)
+        if cfg.is_timm_model:
+            import timm
+
+            kwargs = {k: v for k, v in cfg.model.items() if k not in ("name", "img_size", "num_classes")}
+            return timm.create_model(cfg.model["name"], pretrained=False, num_classes=num_classes, **kwargs)
+        return ResMLP(cfg.model_config(num_classes))
+
+    def _build_loss(self, num_classes: int) -> LossFn:
+        """hook: the supervised loss, wrapped by distillation when the distill section names a teacher."""
+        base = supervised_loss(self.cfg, num_classes)
+        if not self.cfg.distill.teacher:
+            return base
+        from resmlp.train.distill import build_distillation_loss
+
+        return build_distillation_loss(self.cfg, base, num_classes, self.info.device)
+
+    def _before_optimizer_step(self) -> None:
+        """hook: runs after backward and clipping, before the optimizer step (DINO freezes its last layer)."""
+
+    def _update_ema(self) -> None:
+        """hook: the EMA update after each optimizer step (DINO: teacher momentum schedule)."""
+        self.ema.update(self.model, step=self.global_step + 1)
+
+    def _evaluate(self, model: nn.Module) -> tuple[dict[str, Any], float]:
+        """hook: end-of-epoch metrics (row entries) and the score that picks the best checkpoint."""
+        loader = eval_loader(self.data.val, self.micro_batch, self.cfg.data.num_workers, self.info)
+        result = run_eval(model, loader, len(self.data.class_names), self.info.device, self.amp, self.info)
+        return dict(val_loss=result["loss"], val_top1=result["top1"], val_top5=result["top5"],
+                    skipped_val_images=result["skipped"]), result["top1"]
+
+    def _model_to_save(self) -> nn.Module:
+        """hook: the network evaluated and written to best/last.safetensors."""
+        return self.ema.module if self.ema is not None else self.model
+
+    def _epoch_message(self, row: dict[str, Any]) -> str:
+        """hook: the line printed after each epoch."""
+        skipped = row["skipped_train_images"] + row["skipped_val_images"]
+        return (f"epoch {row['epoch']}/{self.cfg.schedule.epochs}: train loss {row['train_loss']:.4f}, "
+                f"val loss {row['val_loss']:.4f}, top-1 {row['val_top1']:.2f}%, top-5 {row['val_top5']:.2f}%"
+                + (f", {skipped} unreadable images skipped" if skipped else ""))
+
+    def _plot(self, path: Path) -> None:
+        """hook: learning curves."""
+        reporting.plot_learning_curves(path, self.history)
+
+    def _scores(self, best: dict[str, Any]) -> dict[str, Any]:
+        """hook: the accuracy keys of summary.json, from the best epoch's row."""
+        return dict(test_top1=best["val_top1"], test_top5=best["val_top5"],
+                    final_top1=self.history[-1]["val_top1"])
 
     # -------------------------------------------------------------------------------- resume
     def _state_to_resume(self, resume: bool | str | Path) -> Path | None:
@@ -276,7 +353,8 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         saved, now = state["config"], self.cfg.to_dict()
-        changed = [key for key in ("model", "optim", "schedule", "loss") if saved[key] != now[key]]
+        changed = [key for key in ("model", "optim", "schedule", "loss", "distill", "finetune", "dino")
+                   if saved.get(key, now[key]) != now[key]]
         changed += [f"train.{key}" for key in ("batch_size", "grad_accum", "seed")
                     if saved["train"][key] != now["train"][key]]
         if changed:
@@ -329,10 +407,8 @@ class Trainer:
             step_loss = torch.zeros((), dtype=torch.float64)
             for micro in range(t.grad_accum):
                 images, targets, skipped = next(micro_batches)
-                images = images.to(info.device, non_blocking=True)
+                images = _to_device(images, info.device, t.channels_last)  # a tensor, or a list of crops
                 targets = targets.to(info.device, non_blocking=True)
-                if t.channels_last:
-                    images = images.contiguous(memory_format=torch.channels_last)
                 sync = micro == t.grad_accum - 1 or not info.enabled
                 with (contextlib.nullcontext() if sync else self.train_model.no_sync()), \
                         autocast(info.device, self.amp):
@@ -341,7 +417,7 @@ class Trainer:
                     (self.scaler.scale(scaled) if self.scaler else scaled).backward()
                 step_loss += loss.detach().double().cpu()
                 self.epoch_totals[2] += skipped
-                images_seen += len(images)
+                images_seen += len(targets)
             self._check_finite(step_loss)
             self._optimizer_step()
             self.epoch_totals[0] += step_loss.item() / t.grad_accum
@@ -388,6 +464,7 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         if t.clip_grad:
             nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_grad)
+        self._before_optimizer_step()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -396,35 +473,30 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step_update(self.global_step + 1)
         if self.ema is not None:
-            self.ema.update(self.model, step=self.global_step + 1)
+            self._update_ema()
 
     def _end_epoch(self) -> None:
-        eval_model = self.ema.module if self.ema is not None else self.model
-        loader = eval_loader(self.data.val, self.micro_batch, self.cfg.data.num_workers, self.info)
-        result = run_eval(eval_model, loader, len(self.data.class_names), self.info.device, self.amp, self.info)
+        eval_model = self._model_to_save()
+        metrics, score = self._evaluate(eval_model)
         totals = all_reduce_sum(self.epoch_totals.clone(), self.info)
         row = dict(epoch=self.epoch + 1, train_loss=totals[0].item() / max(totals[1].item(), 1),
-                   lr=self.optimizer.param_groups[0]["lr"], val_loss=result["loss"], val_top1=result["top1"],
-                   val_top5=result["top5"], skipped_train_images=int(totals[2].item()),
-                   skipped_val_images=result["skipped"], epoch_seconds=round(self.epoch_seconds, 2),
+                   lr=self.optimizer.param_groups[0]["lr"], **metrics, skipped_train_images=int(totals[2].item()),
+                   epoch_seconds=round(self.epoch_seconds, 2),
                    train_images_per_s=round(self.epoch_images / max(self.epoch_seconds, 1e-9), 1))
         self.history.append(row)
-        improved = result["top1"] > self.best_top1
+        improved = score > self.best_top1
         if improved:
-            self.best_top1, self.best_epoch = result["top1"], self.epoch + 1
+            self.best_top1, self.best_epoch = score, self.epoch + 1
         self.epoch += 1
         self.step_in_epoch = 0
         self.epoch_totals = torch.zeros(3, dtype=torch.float64)
         if self.info.is_main:
-            skipped = row["skipped_train_images"] + row["skipped_val_images"]
-            print(f"epoch {row['epoch']}/{self.cfg.schedule.epochs}: train loss {row['train_loss']:.4f}, "
-                  f"val loss {row['val_loss']:.4f}, top-1 {row['val_top1']:.2f}%, top-5 {row['val_top5']:.2f}%"
-                  + (f", {skipped} unreadable images skipped" if skipped else ""), flush=True)
+            print(self._epoch_message(row), flush=True)
             save(eval_model, self.out / "last.safetensors", self._metadata(row))
             if improved:
                 save(eval_model, self.out / "best.safetensors", self._metadata(row))
             reporting.write_metrics_csv(self.out / "metrics.csv", self.history)
-            reporting.plot_learning_curves(self.out / "learning_curves.png", self.history)
+            self._plot(self.out / "learning_curves.png")
             self.tb.log(row)
         self._save_state()
 
@@ -434,17 +506,17 @@ class Trainer:
         barrier(self.info)
 
     def _metadata(self, row: dict[str, Any]) -> dict[str, Any]:
+        scores = {k: v for k, v in row.items() if k in ("val_top1", "val_top5", "knn_top1")}
         return dict(class_names=self.data.class_names, preprocess=self.data.preprocess.to_dict(),
-                    dataset=self.cfg.data.kind, recipe=self.cfg.recipe, epoch=row["epoch"],
-                    val_top1=row["val_top1"], val_top5=row["val_top5"])
+                    dataset=self.cfg.data.kind, recipe=self.cfg.recipe, epoch=row["epoch"], **scores)
 
     def _finish(self) -> dict[str, Any]:
         best = next(r for r in self.history if r["epoch"] == self.best_epoch)
         summary = dict(
-            test_top1=best["val_top1"], test_top5=best["val_top5"], epochs=self.epoch,
+            **self._scores(best), epochs=self.epoch,
             wall_seconds=round(self.wall_before + time.perf_counter() - self.t0, 1),
             checkpoint=str((self.out / "best.safetensors").resolve()), best_epoch=self.best_epoch,
-            final_top1=self.history[-1]["val_top1"], last_checkpoint=str((self.out / "last.safetensors").resolve()),
+            last_checkpoint=str((self.out / "last.safetensors").resolve()),
             state=str((self.out / STATE_FILE).resolve()), recipe=self.cfg.recipe, model=self.cfg.model,
             dataset=self.cfg.data.kind, global_batch=self.cfg.train.batch_size, lr=self.lr, amp=self.amp,
             world_size=self.info.world_size,
@@ -454,3 +526,11 @@ class Trainer:
         if self.info.is_main:
             reporting.write_json(self.out / "summary.json", summary)
         return summary
+
+
+def _to_device(images: torch.Tensor | list[torch.Tensor], device: torch.device,
+               channels_last: bool) -> torch.Tensor | list[torch.Tensor]:
+    if isinstance(images, (list, tuple)):
+        return [_to_device(crop, device, channels_last) for crop in images]
+    images = images.to(device, non_blocking=True)
+    return images.contiguous(memory_format=torch.channels_last) if channels_last else images

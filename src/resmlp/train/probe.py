@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
@@ -40,3 +44,54 @@ def linear_probe_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.n
     probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
     probe.fit(train_x, train_y)
     return float((probe.predict(test_x) == test_y).mean() * 100)
+
+
+def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str = "fashion-mnist",
+                        data_dir: str | Path | None = None, output: str | Path | None = None, batch_size: int = 256,
+                        num_workers: int = 2, device: str = "auto", k: int = 20,
+                        temperature: float = 0.07) -> dict[str, Any]:
+    """k-NN (`knn_top1`) or linear-probe (`linear_top1`) accuracy of any checkpoint's frozen features.
+
+    The training split is the memory / probe training set, the val split (the test set of Fashion-MNIST
+    and CIFAR) is classified; both with the checkpoint's evaluation preprocessing. data: a dataset kind or
+    a folder holding train/<class>/ and val/<class>/. With `output`, writes OUTPUT/summary.json.
+    """
+    from resmlp.checkpoint import load, read_metadata
+    from resmlp.data import KINDS, Preprocess, build_dataset, build_transform, dataset_stats
+    from resmlp.train import reporting
+    from resmlp.train.distributed import resolve_device
+
+    if method not in ("knn", "linear"):
+        raise ValueError(f"method must be knn or linear, got {method!r}")
+    if data not in KINDS:
+        if not Path(data).is_dir():
+            raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
+        data, data_dir = "folder", data
+    model, meta = load(checkpoint), read_metadata(checkpoint)
+    if "preprocess" in meta:
+        pre = Preprocess.from_dict(meta["preprocess"])
+    elif hasattr(model, "config"):  # a ResMLP from elsewhere (timm, DeiT): the dataset's statistics
+        mean, std = dataset_stats(data, model.config.in_chans)
+        pre = Preprocess(model.config.img_size, model.config.in_chans, mean, std)
+    else:
+        raise ValueError(f"{checkpoint} has no preprocessing metadata; save it with resmlp.save(..., metadata=...)")
+    transform = build_transform(pre, training=False)
+    torch_device = resolve_device(device)
+    start = time.perf_counter()
+    split_features = []
+    for split in ("train", "val"):
+        dataset = build_dataset(data, split, data_dir, pre.in_chans, transform, img_size=pre.img_size)
+        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+        split_features += extract_features(model, loader, torch_device)
+    if method == "knn":
+        key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)
+    else:
+        key, top1 = "linear_top1", linear_probe_accuracy(*split_features)
+    summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": data,
+               "train_images": len(split_features[1]), "test_images": len(split_features[3]),
+               "feature_dim": int(split_features[0].shape[1]), "wall_seconds": round(time.perf_counter() - start, 1)}
+    if method == "knn":
+        summary.update(k=k, temperature=temperature)
+    if output is not None:
+        reporting.write_json(Path(output) / "summary.json", summary)
+    return summary

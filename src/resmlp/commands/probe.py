@@ -1,0 +1,36 @@
+"""`resmlp eval-knn` and `resmlp eval-linear`: frozen-feature evaluation of any checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from resmlp.data import KINDS
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    for method, text in (("knn", "DINO's weighted k-NN (k=20, T=0.07) on frozen features"),
+                         ("linear", "a linear probe (logistic regression) on frozen features")):
+        p = sub.add_parser(f"eval-{method}", help=f"accuracy of {text}",
+                           description=f"Accuracy of {text}: the train split is the memory/training set, the "
+                                       "val split (test set) is classified. Prints and writes summary.json.")
+        p.add_argument("checkpoint", help="any checkpoint: ours, a DINO backbone, timm's or DeiT's ResMLP")
+        p.add_argument("--data", default="fashion-mnist", help=f"dataset kind ({', '.join(KINDS)}) or a folder")
+        p.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
+        p.add_argument("--output", help="folder for summary.json")
+        p.add_argument("--batch-size", type=int, default=256)
+        p.add_argument("--device", default="auto")
+        if method == "knn":
+            p.add_argument("--k", type=int, default=20, help="neighbours (default 20)")
+            p.add_argument("--temperature", type=float, default=0.07, help="vote weight exp(sim/T) (default 0.07)")
+        p.set_defaults(run=run_probe, method=method)
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    from resmlp.train.probe import frozen_feature_eval
+
+    extra = dict(k=args.k, temperature=args.temperature) if args.method == "knn" else {}
+    summary = frozen_feature_eval(args.checkpoint, args.method, args.data, args.data_dir, args.output,
+                                  args.batch_size, device=args.device, **extra)
+    print(json.dumps(summary))
+    return 0

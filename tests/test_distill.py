@@ -1,0 +1,115 @@
+"""Distillation: the formulas, a frozen teacher, loss going down, teachers of every origin, bad teachers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import resmlp
+from resmlp.cli import main
+from resmlp.train import train
+from resmlp.train.config import load_config
+from resmlp.train.distill import DistillationLoss, hard_distillation_loss, soft_distillation_loss
+from resmlp.train.engine import supervised_loss
+
+TINY = {
+    "data.kind": "synthetic", "data.hflip": 0.0, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0],
+    "data.num_workers": 0, "data.crop_pct": 1.0, "model.img_size": 16, "model.patch_size": 4, "model.dim": 32,
+    "model.depth": 2, "schedule.epochs": 1, "schedule.warmup_epochs": 0, "train.batch_size": 16,
+    "train.progress": False, "optim.lr": 3e-3, "data.synthetic_size": [64, 32], "train.threads": 1,
+}
+
+
+def test_hard_and_soft_formulas_match_a_hand_computation():
+    student = torch.tensor([[2.0, 0.0, -1.0], [0.5, 1.5, 0.0]])
+    teacher = torch.tensor([[0.0, 3.0, 0.0], [1.0, 0.0, 0.0]])  # argmax 1, 0
+    labels = torch.tensor([0, 1])
+    base = F.cross_entropy(student, labels)
+
+    def log_softmax(row, t=1.0):
+        z = [v / t for v in row]
+        lse = math.log(sum(math.exp(v) for v in z))
+        return [v - lse for v in z]
+
+    s, t = student.tolist(), teacher.tolist()
+    ce_teacher = -(log_softmax(s[0])[1] + log_softmax(s[1])[0]) / 2
+    assert hard_distillation_loss(student, teacher, base).item() == pytest.approx(0.5 * base.item() + 0.5 * ce_teacher)
+    tau, alpha = 2.0, 0.3
+    kl = 0.0
+    for srow, trow in zip(s, t, strict=True):
+        ls, lt = log_softmax(srow, tau), log_softmax(trow, tau)
+        kl += sum(math.exp(b) * (b - a) for a, b in zip(ls, lt, strict=True))
+    expected = (1 - alpha) * base.item() + alpha * tau**2 * kl / 2
+    assert soft_distillation_loss(student, teacher, base, alpha, tau).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_teacher_gets_no_gradient_sees_mixed_images_and_student_learns():
+    cfg = load_config("fashion-mnist-quick", {**TINY, "data.mixup": 0.8})
+    torch.manual_seed(0)
+    teacher = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=4, dim=16, depth=1)
+    student = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=4, dim=16, depth=1)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    seen, student_seen = [], []
+    teacher.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+    student.register_forward_pre_hook(lambda m, args: student_seen.append(args[0].clone()))
+    loss_fn = DistillationLoss(supervised_loss(cfg, 4), teacher, "hard")
+    images, labels = torch.randn(8, 1, 16, 16), torch.arange(8) % 4
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(8):
+        loss = loss_fn(student, images.clone(), labels)  # timm's Mixup mixes in place
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+    assert not teacher.training
+    # the teacher saw the mixed batch the student saw, not the original images
+    assert all(torch.equal(t, s) for t, s in zip(seen, student_seen, strict=True))
+    assert not any(torch.equal(x, images) for x in seen)
+
+
+def test_convnet_teacher_trained_by_the_engine_then_distilled_from_the_cli(tmp_path):
+    teacher_run = train("fashion-mnist-teacher", tmp_path / "teacher",
+                        {**{k: v for k, v in TINY.items() if not k.startswith("model.")},
+                         "model.name": "resnet10t", "model.img_size": 16, "model.in_chans": 1})
+    teacher = resmlp.load(teacher_run["checkpoint"])
+    assert isinstance(teacher, timm.models.ResNet) and teacher.num_classes == 4
+    out = tmp_path / "student"
+    args = ["train", "--recipe", "fashion-mnist-distill", "--output", str(out), "--distill", teacher_run["checkpoint"],
+            "--distill-type", "soft", "--distill-tau", "2"] + [f"--set={k}={v}" for k, v in TINY.items()]
+    assert main(args) == 0
+    cfg = (out / "config.json").read_text()
+    assert '"type": "soft"' in cfg and '"tau": 2.0' in cfg
+    assert (out / "best.safetensors").is_file()
+
+
+@pytest.mark.parametrize("teacher", ["timm:resnet10t", "torchvision:resnet18"])
+def test_library_teachers_and_class_count_mismatch(tmp_path, teacher):
+    ok = train("fashion-mnist-quick", tmp_path / "ok",
+               {**TINY, "distill.teacher": teacher, "data.synthetic_size": [16, 16]})
+    assert ok["epochs"] == 1
+    # weights of a 10-class teacher do not fit the 4-class dataset: an error before any step
+    net = (timm.create_model("resnet10t", num_classes=10, in_chans=1) if teacher.startswith("timm")
+           else __import__("torchvision").models.resnet18(num_classes=10))
+    torch.save(net.state_dict(), tmp_path / "w.pth")
+    with pytest.raises(ValueError, match="dataset's"):
+        train("fashion-mnist-quick", tmp_path / "bad", {**TINY, "distill.teacher": teacher,
+                                                         "distill.weights": str(tmp_path / "w.pth")})
+    assert not (tmp_path / "bad" / "last.pth").exists()
+
+
+def test_checkpoint_teacher_with_wrong_class_count_is_refused_before_training(tmp_path, capsys):
+    wrong = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=7, dim=16, depth=1)
+    resmlp.save(wrong, tmp_path / "t.safetensors")
+    args = ["train", "--output", str(tmp_path / "run"), "--distill", str(tmp_path / "t.safetensors")]
+    assert main(args + [f"--set={k}={v}" for k, v in TINY.items()]) == 2
+    err = capsys.readouterr().err
+    assert "predicts 7 classes but the dataset has 4" in err
+    assert not (tmp_path / "run" / "last.pth").exists()

@@ -1,0 +1,96 @@
+"""Fine-tuning: from our/timm-format/DINO checkpoints, new head, resolution change, freezing, layer decay,
+and the errors that must come before any step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+
+import resmlp
+from resmlp.checkpoint import export_checkpoint
+from resmlp.cli import main
+from resmlp.train.config import load_config
+from resmlp.train.distributed import DistInfo
+from resmlp.train.engine import Trainer
+from resmlp.train.finetune import finetune, load_start, model_section
+
+TINY = {
+    "data.kind": "synthetic", "data.hflip": 0.0, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0],
+    "data.num_workers": 0, "data.crop_pct": 1.0, "schedule.epochs": 1, "schedule.warmup_epochs": 0,
+    "train.batch_size": 16, "train.progress": False, "optim.lr": 3e-3, "data.synthetic_size": [64, 32],
+    "train.threads": 1,
+}
+CPU = DistInfo(1, 0, 0, torch.device("cpu"))
+
+
+@pytest.fixture
+def source(tmp_path):
+    torch.manual_seed(0)
+    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=7, dim=32, depth=3)
+    path = tmp_path / "src.safetensors"
+    resmlp.save(model, path)
+    return model, path
+
+
+def _trainer(tmp_path, path, **finetune_kw):
+    cfg = load_config("fashion-mnist-quick", TINY)
+    start = load_start(path, finetune_kw.get("img_size"))
+    raw = cfg.to_dict()
+    raw["model"] = model_section(start, cfg.model)
+    raw["finetune"] = {"checkpoint": str(path), **finetune_kw}
+    return Trainer(load_config(raw), tmp_path / "run", CPU, False, None)
+
+
+def test_weights_carried_new_head_and_freezing(tmp_path, source):
+    model, path = source
+    trainer = _trainer(tmp_path, path, freeze=2)
+    ft = trainer.model
+    assert ft.head.out_features == 4  # the synthetic dataset's classes, not the checkpoint's 7
+    assert torch.equal(ft.blocks[2].channel_mlp.fc1.weight, model.blocks[2].channel_mlp.fc1.weight)
+    frozen = [n for n, p in ft.named_parameters() if not p.requires_grad]
+    assert frozen and all(n.startswith(("stem", "blocks.0.", "blocks.1.")) for n in frozen)
+    optimised = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert not any(id(p) in optimised for p in ft.parameters() if not p.requires_grad)
+    head_only = _trainer(tmp_path / "h", path, freeze="all-but-head").model
+    assert {n for n, p in head_only.named_parameters() if p.requires_grad} == {"head.weight", "head.bias"}
+
+
+def test_layer_decay_gives_deeper_layers_larger_lr(tmp_path, source):
+    _, path = source
+    cfg = load_config("fashion-mnist-quick", {**TINY, "optim.layer_decay": 0.5})
+    raw = cfg.to_dict()
+    raw["model"] = model_section(load_start(path), cfg.model)
+    raw["finetune"] = {"checkpoint": str(path)}
+    trainer = Trainer(load_config(raw), tmp_path / "run", CPU, False, None)
+    scales = sorted({g["lr_scale"] for g in trainer.optimizer.param_groups})
+    assert len(scales) >= 4 and scales[-1] == 1.0 and scales[0] == pytest.approx(0.5 ** (len(scales) - 1))
+
+
+def test_finetune_cli_resolution_change_and_timm_format(tmp_path, source):
+    model, path = source
+    timm_file = tmp_path / "timm.pth"
+    export_checkpoint(model, timm_file, format="timm")
+    out = tmp_path / "run"
+    sets = [f"--set={k}={v}" for k, v in TINY.items()]
+    assert main(["finetune", str(timm_file), "--output", str(out), "--img-size", "24", "--layer-decay", "0.75",
+                 "--freeze", "1"] + sets) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    tuned = resmlp.load(summary["checkpoint"])
+    assert tuned.config.img_size == 24 and tuned.config.num_classes == 4 and tuned.config.dim == 32
+    assert summary["test_top1"] >= 0 and resmlp.read_metadata(summary["checkpoint"])["preprocess"]["img_size"] == 24
+
+
+def test_errors_come_before_any_step(tmp_path, source):
+    _, path = source
+    with pytest.raises(ValueError, match="not a multiple of the patch size"):
+        finetune(path, "fashion-mnist-quick", tmp_path / "a", TINY, img_size=18)
+    convnet = timm.create_model("resnet10t", in_chans=1, num_classes=4)
+    resmlp.save(convnet, tmp_path / "cnn.safetensors")
+    with pytest.raises(ValueError, match="not a ResMLP or MLP-Mixer"):
+        finetune(tmp_path / "cnn.safetensors", "fashion-mnist-quick", tmp_path / "b", TINY)
+    with pytest.raises(ValueError, match="has 3 blocks"):
+        finetune(path, "fashion-mnist-quick", tmp_path / "c", TINY, freeze=5)
+    assert not any((tmp_path / d / "last.pth").exists() for d in "abc")
