@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -109,3 +111,18 @@ def test_config_round_trip_and_validation():
         Seq2SeqConfig(vocab_size=10, arch="rnn")
     with pytest.raises(ValueError, match="preset"):
         model_config("huge", VOCAB)
+
+
+def test_resmlp_initial_logits_do_not_favour_repeating_the_input_token():
+    """With tied, sqrt(dim)-scaled embeddings and a non-normalising final Affine at gain 1, the logit of the
+    decoder's own input token starts near sqrt(dim), so the first loss is ~sqrt(dim) instead of ~ln(vocab)."""
+    torch.manual_seed(0)
+    vocab = 400
+    model = build_model(model_config("tiny", vocab, arch="resmlp", dim=128, dropout=0.0)).eval()
+    src, tgt = torch.randint(3, vocab, (8, 12)), torch.randint(3, vocab, (8, 13))
+    with torch.no_grad():
+        logits = model(src, tgt[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten())
+    assert loss < math.log(vocab) + 0.5, loss
+    confidence = logits.softmax(-1).amax(-1).mean()
+    assert confidence < 0.05, confidence  # with gain 1: ~1.0, all of it on repeating the input token

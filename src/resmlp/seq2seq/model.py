@@ -248,6 +248,12 @@ class ResMLPSeq2Seq(Seq2SeqBase):
         self.encoder_norm = Affine(cfg.dim)
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         self.decoder_norm = Affine(cfg.dim)
+        # At init the residual stream is mostly the token's own embedding scaled by sqrt(dim), and the output
+        # projection is tied to that embedding, so with alpha = 1 the logit of "repeat the input token" is
+        # ~sqrt(dim) (first loss ~11 at dim 128 against ln(vocab) ~6). The Transformer's final LayerNorm
+        # rescales the stream; an Affine cannot, so its gain starts at 1/sqrt(dim) instead: logits start O(1)
+        # and the gain is learnt (the T5 tied-output rescaling, made learnable). Measured in docs/translation.md.
+        nn.init.constant_(self.decoder_norm.alpha, cfg.dim**-0.5)
 
     def encode(self, src: torch.Tensor) -> Memory:
         self.check_length("source", src)
