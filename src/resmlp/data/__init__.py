@@ -7,12 +7,14 @@ from pathlib import Path
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from torch.utils.data import Dataset
+from torchvision import transforms
 
 from resmlp.data import cifar as _cifar
 from resmlp.data import fashion_mnist as _fmnist
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.fashion_mnist import fashion_mnist, read_idx
 from resmlp.data.folder import SkippingImageFolder
+from resmlp.data.permute import PixelPermutation, pixel_permutation
 from resmlp.data.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
 from resmlp.data.synthetic import synthetic
 
@@ -24,9 +26,9 @@ DEFAULT_STATS = {
     "synthetic": ((0.5,), (0.25,)),
 }
 
-__all__ = ["KINDS", "ArrayDataset", "Preprocess", "ResumableSampler", "SeededDataset", "ShardSampler",
-           "SkippingImageFolder", "build_dataset", "build_transform", "collate_skipping", "dataset_stats",
-           "fashion_mnist", "read_idx", "synthetic"]
+__all__ = ["KINDS", "ArrayDataset", "PixelPermutation", "Preprocess", "ResumableSampler", "SeededDataset",
+           "ShardSampler", "SkippingImageFolder", "build_dataset", "build_transform", "collate_skipping",
+           "dataset_stats", "fashion_mnist", "pixel_permutation", "read_idx", "synthetic"]
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,19 @@ def build_transform(pre: Preprocess, training: bool, aug: dict | None = None):
 
 def build_dataset(kind: str, split: str, data_dir: str | Path | None, in_chans: int, transform=None,
                   synthetic_size: tuple[int, int] = (256, 64), synthetic_classes: int = 4,
-                  img_size: int = 28, seed: int = 0) -> Dataset:
-    """Split 'train' or 'val' of a dataset kind (Fashion-MNIST and CIFAR call 'val' their test set)."""
+                  img_size: int = 28, seed: int = 0, permute: str = "none", permute_patch: int = 4,
+                  permute_seed: int = 0) -> Dataset:
+    """Split 'train' or 'val' of a dataset kind (Fashion-MNIST and CIFAR call 'val' their test set).
+
+    permute: 'patch' or 'global' applies one fixed pixel permutation (resmlp.data.permute) to every image
+    tensor after `transform`, the same for both splits.
+    """
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if permute != "none":
+        if transform is None:
+            raise ValueError("a pixel permutation acts on image tensors: pass a transform that makes them")
+        transform = transforms.Compose([transform, PixelPermutation(permute, img_size, permute_patch, permute_seed)])
     if kind == "fashion-mnist":
         return fashion_mnist("train" if split == "train" else "test", data_dir, in_chans, transform)
     if kind in ("cifar10", "cifar100"):
