@@ -173,8 +173,9 @@ def is_timm_name(name: str) -> bool:
 
 SECTIONS = {"data": DataConfig, "optim": OptimConfig, "schedule": ScheduleConfig, "loss": LossConfig,
             "train": TrainSection, "distill": DistillConfig, "finetune": FinetuneConfig, "dino": DinoConfig}
-RECIPES = ("deit", "old-fashioned", "fashion-mnist-quick", "fashion-mnist-full", "fashion-mnist-teacher",
-           "fashion-mnist-distill", "dino-fashion-mnist")
+# every YAML file shipped in resmlp/recipes is a recipe, by its file name
+RECIPES = tuple(sorted(p.name.removesuffix(".yaml") for p in (resources.files("resmlp") / "recipes").iterdir()
+                       if p.name.endswith(".yaml")))
 
 
 def recipe_path(name_or_path: str | Path) -> Path:
