@@ -55,7 +55,7 @@ def test_layerscale_init_follows_depth():
         gammas = torch.cat([m.gamma.detach() for m in model.modules() if isinstance(m, LayerScale)])
         torch.testing.assert_close(gammas, torch.full_like(gammas, value))
     custom = ResMLP(ResMLPConfig(img_size=32, patch_size=16, dim=8, depth=2, layerscale_init=0.2))
-    assert float(custom.blocks[0].channel_scale.gamma[0]) == pytest.approx(0.2)
+    assert float(custom.blocks[0].channel_scale.gamma.detach()[0]) == pytest.approx(0.2)
 
 
 def test_model_api_shapes(tiny_config):
