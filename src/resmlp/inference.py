@@ -13,17 +13,13 @@ layer (fresh allocations of that size cost page faults on every forward). Other 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-import torchvision.transforms as T
-from PIL import Image, UnidentifiedImageError
 from torch import nn
 
+from resmlp.data import Preprocess  # noqa: F401 (part of this module's API: predict's preprocessing)
 from resmlp.fuse import FusedBlock, fuse
-from resmlp.models.registry import IMAGENET_MEAN, IMAGENET_STD
 from resmlp.models.resmlp import ResMLP
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -180,65 +176,6 @@ def _quantize_linears(model: nn.Module) -> nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-
-
-# ------------------------------------------------------------------------------------------ preprocessing
-@dataclass(frozen=True)
-class Preprocess:
-    """The eval transform of the contract: resize the shorter side to round(img_size / crop_pct), centre crop."""
-
-    img_size: int
-    in_chans: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    crop_pct: float = 0.9
-    interpolation: str = "bicubic"
-    source: str = "checkpoint"  # "checkpoint" (its metadata) or "defaults" (ImageNet preset values)
-
-    @classmethod
-    def from_metadata(cls, metadata: dict[str, Any], model: ResMLP) -> Preprocess:
-        """From a checkpoint's metadata["preprocess"]; ImageNet preset defaults when it has none (timm, DeiT)."""
-        cfg = model.config
-        pre = metadata.get("preprocess")
-        if not pre:
-            if cfg.in_chans != 3:
-                raise ValueError(f"the checkpoint has no preprocessing metadata and the model takes {cfg.in_chans} "
-                                 "channels, so ImageNet defaults don't apply; re-save it with "
-                                 "metadata={'preprocess': {...}} (see docs/inference.md)")
-            return cls(cfg.img_size, 3, IMAGENET_MEAN, IMAGENET_STD, 0.9, "bicubic", source="defaults")
-        try:
-            made = cls(int(pre["img_size"]), int(pre.get("in_chans", cfg.in_chans)),
-                       tuple(float(v) for v in pre["mean"]), tuple(float(v) for v in pre["std"]),
-                       float(pre.get("crop_pct", 1.0)), str(pre.get("interpolation", "bicubic")))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs img_size, "
-                             "mean, std (and optionally crop_pct, interpolation, in_chans)") from None
-        if (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
-            raise ValueError(f"checkpoint preprocess metadata says {made.in_chans}x{made.img_size}px but the model "
-                             f"takes {cfg.in_chans}x{cfg.img_size}px; fix the metadata")
-        return made
-
-    def transform(self) -> T.Compose:
-        try:
-            mode = T.InterpolationMode(self.interpolation)
-        except ValueError:
-            raise ValueError(f"unknown interpolation {self.interpolation!r}; use one of "
-                             f"{', '.join(m.value for m in T.InterpolationMode)}") from None
-        return T.Compose([
-            T.Resize(round(self.img_size / self.crop_pct), interpolation=mode),
-            T.CenterCrop(self.img_size),
-            T.ToTensor(),
-            T.Normalize(self.mean, self.std),
-        ])
-
-    def load(self, path: str | Path) -> torch.Tensor:
-        """One image file as a normalised (C, H, W) tensor; ValueError naming the file if it can't be read."""
-        try:
-            with Image.open(path) as img:
-                img = img.convert("L" if self.in_chans == 1 else "RGB")
-        except (UnidentifiedImageError, OSError, SyntaxError) as e:
-            raise ValueError(f"cannot read image {path}: {e}") from None
-        return self.transform()(img)
 
 
 # ------------------------------------------------------------------------------------------ predict

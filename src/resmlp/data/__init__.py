@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import torch
+from PIL import Image, UnidentifiedImageError
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from torch.utils.data import Dataset
 from torchvision import transforms
@@ -17,6 +20,9 @@ from resmlp.data.folder import SkippingImageFolder
 from resmlp.data.permute import PixelPermutation, pixel_permutation
 from resmlp.data.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
 from resmlp.data.synthetic import synthetic
+
+if TYPE_CHECKING:
+    from resmlp.models.resmlp import ResMLP
 
 KINDS = ("fashion-mnist", "folder", "cifar10", "cifar100", "synthetic")
 DEFAULT_STATS = {
@@ -33,7 +39,8 @@ __all__ = ["KINDS", "ArrayDataset", "PixelPermutation", "Preprocess", "Resumable
 
 @dataclass(frozen=True)
 class Preprocess:
-    """The evaluation preprocessing stored in checkpoint metadata ("preprocess" in the contract)."""
+    """The evaluation preprocessing stored in checkpoint metadata ("preprocess" in the contract):
+    resize the shorter side to round(img_size / crop_pct), centre crop, normalise."""
 
     img_size: int
     in_chans: int
@@ -41,6 +48,7 @@ class Preprocess:
     std: tuple[float, ...]
     crop_pct: float = 0.875
     interpolation: str = "bicubic"
+    source: str = "checkpoint"  # "checkpoint" (its metadata) or "defaults" (ImageNet preset values)
 
     def to_dict(self) -> dict:
         return dict(img_size=self.img_size, crop_pct=self.crop_pct, interpolation=self.interpolation,
@@ -51,6 +59,51 @@ class Preprocess:
         return cls(img_size=d["img_size"], in_chans=d.get("in_chans", len(d["mean"])), mean=tuple(d["mean"]),
                    std=tuple(d["std"]), crop_pct=d.get("crop_pct", 0.875),
                    interpolation=d.get("interpolation", "bicubic"))
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any], model: ResMLP) -> Preprocess:
+        """From a checkpoint's metadata["preprocess"]; ImageNet preset defaults when it has none (timm, DeiT)."""
+        cfg = model.config
+        pre = metadata.get("preprocess")
+        if not pre:
+            if cfg.in_chans != 3:
+                raise ValueError(f"the checkpoint has no preprocessing metadata and the model takes {cfg.in_chans} "
+                                 "channels, so ImageNet defaults don't apply; re-save it with "
+                                 "metadata={'preprocess': {...}} (see docs/inference.md)")
+            return cls(cfg.img_size, 3, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 0.9, "bicubic", source="defaults")
+        try:
+            made = cls(int(pre["img_size"]), int(pre.get("in_chans", cfg.in_chans)),
+                       tuple(float(v) for v in pre["mean"]), tuple(float(v) for v in pre["std"]),
+                       float(pre.get("crop_pct", 1.0)), str(pre.get("interpolation", "bicubic")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs img_size, "
+                             "mean, std (and optionally crop_pct, interpolation, in_chans)") from None
+        if (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
+            raise ValueError(f"checkpoint preprocess metadata says {made.in_chans}x{made.img_size}px but the model "
+                             f"takes {cfg.in_chans}x{cfg.img_size}px; fix the metadata")
+        return made
+
+    def transform(self) -> transforms.Compose:
+        try:
+            mode = transforms.InterpolationMode(self.interpolation)
+        except ValueError:
+            raise ValueError(f"unknown interpolation {self.interpolation!r}; use one of "
+                             f"{', '.join(m.value for m in transforms.InterpolationMode)}") from None
+        return transforms.Compose([
+            transforms.Resize(round(self.img_size / self.crop_pct), interpolation=mode),
+            transforms.CenterCrop(self.img_size),
+            transforms.ToTensor(),
+            transforms.Normalize(self.mean, self.std),
+        ])
+
+    def load(self, path: str | Path) -> torch.Tensor:
+        """One image file as a normalised (C, H, W) tensor; ValueError naming the file if it can't be read."""
+        try:
+            with Image.open(path) as img:
+                img = img.convert("L" if self.in_chans == 1 else "RGB")
+        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            raise ValueError(f"cannot read image {path}: {e}") from None
+        return self.transform()(img)
 
 
 def dataset_stats(kind: str, in_chans: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
