@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
 
 import resmlp
 from resmlp.analysis import benchmark
 from resmlp.analysis.benchmark import ModelSpec
 from resmlp.cli import main
 from resmlp.complexity import count_params
+from resmlp.data import Preprocess, build_dataset
 
 TINY_OURS = "resmlp_s12:dim=32,depth=2,img_size=32,patch_size=8,num_classes=10"
 TINY_TIMM = "test_resnet:num_classes=10,img_size=64"  # a convnet: img_size only sets the input
@@ -125,3 +127,26 @@ def test_benchmark_command_rejects_bad_requests(capsys):
     assert "--accuracy" in capsys.readouterr().err
     assert main(["benchmark", "--models", TINY_OURS, "--accuracy", "resnet50=80"]) == 2
     assert "not in --models" in capsys.readouterr().err
+
+
+def test_val_data_measures_the_top1_of_checkpoint_files(tmp_path, capsys):
+    model = resmlp.create_model("resmlp_s12", dim=16, depth=1, img_size=16, patch_size=4, in_chans=1, num_classes=4)
+    pre = Preprocess(16, 1, (0.5,), (0.25,), crop_pct=1.0)
+    path = tmp_path / "tiny.safetensors"
+    resmlp.save(model, path, {"preprocess": pre.to_dict(), "class_names": [f"class_{c}" for c in range(4)]})
+    # the expected accuracy, computed here without the evaluation code
+    val = build_dataset("synthetic", "val", None, 1, pre.transform(), img_size=16)
+    images = torch.stack([val[i][0] for i in range(len(val))])
+    with torch.no_grad():
+        expected = 100.0 * (model.eval()(images).argmax(1) == torch.tensor(val.targets)).float().mean().item()
+    out = tmp_path / "table.csv"
+    code = main(["benchmark", "--models", f"{path},{TINY_TIMM}", "--val-data", "synthetic", "--accuracy",
+                 "test_resnet=12.5", "--batch-size", "2", "--repeats", "1", "--warmup", "1", "--min-time", "0.01",
+                 "--threads", "1", "--output", str(out)])
+    assert code == 0, capsys.readouterr().err
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[0]["top1"]) == pytest.approx(expected, abs=1e-6) and rows[1]["top1"] == "12.5"
+    assert list(tmp_path.glob("*.png")) == []  # the benchmark leaves no confusion matrix behind
+    assert main(["benchmark", "--models", TINY_OURS, "--val-data", "synthetic"]) == 2
+    assert "measures the top-1 of checkpoint files" in capsys.readouterr().err

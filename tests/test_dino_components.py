@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 import resmlp
-from resmlp.train.dino import DINOHead, DINOLoss, DINOModel, MultiCropTransform, momentum_schedule
+from resmlp.train.dino import DINOHead, DINOLoss, DINOModel, MultiCropTransform, cosine_schedule
 from resmlp.train.probe import knn_accuracy, linear_probe_accuracy
 
 
@@ -50,9 +50,10 @@ def test_dino_loss_centres_and_prefers_matching_views():
     assert loss.center.abs().sum() > 0  # the centre moved towards the teacher mean
 
 
-def test_momentum_schedule_is_cosine_from_base_to_one():
-    m = momentum_schedule(0.996, 11)
+def test_cosine_schedule_goes_from_start_to_end():
+    m = cosine_schedule(0.996, 1.0, 11)
     assert m[0] == 0.996 and abs(m[-1] - 1.0) < 1e-12 and all(a <= b for a, b in zip(m, m[1:], strict=False))
+    assert abs(m[5] - 0.998) < 1e-12  # half-way on a cosine is the mean
 
 
 def test_multicrop_gives_global_size_crops_and_model_runs():

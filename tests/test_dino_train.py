@@ -41,6 +41,8 @@ def test_dino_steps_teacher_ema_and_frozen_last_layer(tmp_path):
     moved = _params(teacher)
     assert any(not torch.equal(moved[k], teacher0[k]) for k in teacher0), "the EMA teacher must move"
     assert all(p.grad is None for p in teacher.parameters())
+    decays = sorted({g["weight_decay"] for g in trainer.optimizer.param_groups})
+    assert decays == [0.0, trainer.weight_decay[3]] and trainer.weight_decay[3] > cfg.optim.weight_decay  # rising
     trainer.epoch = 1
     trainer.step_in_epoch = 0
     trainer._train_epoch()

@@ -320,6 +320,18 @@ def run_benchmark(
     return [{k: row[k] for k in CSV_COLUMNS} for row in rows]
 
 
+def measure_accuracies(specs: list[ModelSpec], data: str, data_dir: str | None, device: str) -> dict[str, float]:
+    """Test top-1 of every checkpoint-file model on `data` (resmlp.train.evaluate, with its preprocessing)."""
+    from resmlp.train.evaluate import evaluate
+
+    files = [s for s in specs if s.name.endswith(CHECKPOINT_SUFFIXES)]
+    if not files:
+        raise ValueError("--val-data measures the top-1 of checkpoint files, and --models names none; list a "
+                         ".safetensors/.pth file, or give known accuracies with --accuracy")
+    return {s.label: evaluate(s.name, data=data, data_dir=data_dir, device=device, plot=False)["test_top1"]
+            for s in files}
+
+
 def parse_accuracies(text: str) -> dict[str, float]:
     """'resmlp_s12=76.6,resnet50=80.4' -> {'resmlp_s12': 76.6, ...}."""
     out = {}

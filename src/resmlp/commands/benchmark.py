@@ -53,6 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="known top-1 per model for the table and plot, e.g. resmlp_s12=76.6,resnet50=80.4",
     )
+    p.add_argument(
+        "--val-data",
+        default=None,
+        help="measure the top-1 of every checkpoint-file model on this dataset: a kind (fashion-mnist, cifar10, "
+        "...) or an ImageNet-layout folder (its val/ split); other models take theirs from --accuracy",
+    )
+    p.add_argument("--val-dir", default=None, help="folder of a --val-data kind (default: the kind's location)")
     p.add_argument("--output", default=None, help="write the table as CSV here")
     p.add_argument("--plot", default=None, help="write a throughput-vs-accuracy PNG here (needs --accuracy)")
     p.set_defaults(run=run)
@@ -72,15 +79,18 @@ def run(args: argparse.Namespace) -> int:
 
     from resmlp.analysis import benchmark
 
+    specs = benchmark.parse_models(args.models)
     accuracies = benchmark.parse_accuracies(args.accuracy) if args.accuracy else {}
-    if args.plot and not accuracies:
-        raise ValueError("--plot draws throughput against accuracy: pass --accuracy MODEL=TOP1,... as well")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.val_data:
+        accuracies.update(benchmark.measure_accuracies(specs, args.val_data, args.val_dir, device))
+    if args.plot and not accuracies:
+        raise ValueError("--plot draws throughput against accuracy: pass --accuracy MODEL=TOP1,... or --val-data")
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
     try:
         rows = benchmark.run_benchmark(
-            benchmark.parse_models(args.models),
+            specs,
             batch_size=args.batch_size,
             repeats=args.repeats,
             warmup=args.warmup,

@@ -55,30 +55,29 @@ class Preprocess:
                     mean=list(self.mean), std=list(self.std), in_chans=self.in_chans)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Preprocess:
-        return cls(img_size=d["img_size"], in_chans=d.get("in_chans", len(d["mean"])), mean=tuple(d["mean"]),
-                   std=tuple(d["std"]), crop_pct=d.get("crop_pct", 0.875),
-                   interpolation=d.get("interpolation", "bicubic"))
-
-    @classmethod
-    def from_metadata(cls, metadata: dict[str, Any], model: ResMLP) -> Preprocess:
-        """From a checkpoint's metadata["preprocess"]; ImageNet preset defaults when it has none (timm, DeiT)."""
-        cfg = model.config
+    def from_metadata(cls, metadata: dict[str, Any], model: ResMLP, dataset: str | None = None) -> Preprocess:
+        """From a checkpoint's metadata["preprocess"]. Without one (timm, DeiT checkpoints): the statistics of
+        `dataset` (a dataset kind) when given, else ImageNet's, with DeiT's evaluation crop 0.875."""
+        cfg = getattr(model, "config", None)
         pre = metadata.get("preprocess")
         if not pre:
-            if cfg.in_chans != 3:
+            if cfg is None:
+                raise ValueError("the checkpoint has no preprocessing metadata and its model no ResMLP config; "
+                                 "save it with resmlp.save(..., metadata={'preprocess': {...}}) (docs/inference.md)")
+            if dataset is None and cfg.in_chans != 3:
                 raise ValueError(f"the checkpoint has no preprocessing metadata and the model takes {cfg.in_chans} "
                                  "channels, so ImageNet defaults don't apply; re-save it with "
                                  "metadata={'preprocess': {...}} (see docs/inference.md)")
-            return cls(cfg.img_size, 3, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 0.9, "bicubic", source="defaults")
+            mean, std = dataset_stats(dataset or "folder", cfg.in_chans)
+            return cls(cfg.img_size, cfg.in_chans, mean, std, 0.875, "bicubic", source="defaults")
         try:
-            made = cls(int(pre["img_size"]), int(pre.get("in_chans", cfg.in_chans)),
+            made = cls(int(pre["img_size"]), int(pre.get("in_chans", len(pre["mean"]))),
                        tuple(float(v) for v in pre["mean"]), tuple(float(v) for v in pre["std"]),
                        float(pre.get("crop_pct", 1.0)), str(pre.get("interpolation", "bicubic")))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs img_size, "
                              "mean, std (and optionally crop_pct, interpolation, in_chans)") from None
-        if (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
+        if cfg is not None and (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
             raise ValueError(f"checkpoint preprocess metadata says {made.in_chans}x{made.img_size}px but the model "
                              f"takes {cfg.in_chans}x{cfg.img_size}px; fix the metadata")
         return made

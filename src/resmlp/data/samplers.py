@@ -68,12 +68,17 @@ class SeededDataset(Dataset):
         return len(self.base)
 
     def __getitem__(self, key: tuple[int, int, int, int]):
-        seed, epoch, position, index = key
-        sample_seed = hash((seed, epoch, position)) & 0x7FFF_FFFF  # ints hash deterministically
-        random.seed(sample_seed)
-        np.random.seed(sample_seed)
-        torch.default_generator.manual_seed(sample_seed)  # CPU only: torch.manual_seed also seeds GPUs, slowly
-        return self.base[index]
+        seed = sample_seed(key)
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also seeds GPUs, slowly
+        return self.base[key[3]]
+
+
+def sample_seed(key: tuple[int, int, int, int]) -> int:
+    """The augmentation seed of a sampler key (seed, epoch, global position, index)."""
+    seed, epoch, position, _ = key
+    return hash((seed, epoch, position)) & 0x7FFF_FFFF  # tuples of ints hash deterministically
 
 
 def collate_skipping(batch: list) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -215,6 +215,10 @@ class ResMLP(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     # ---------------------------------------------------------------- timm-style helpers
+    @property
+    def num_classes(self) -> int:
+        return self.config.num_classes
+
     def reset_classifier(self, num_classes: int) -> None:
         """Replace the head by a freshly initialised one for `num_classes` classes (0 removes it)."""
         self.config = self.config.replace(num_classes=num_classes)

@@ -41,6 +41,9 @@ class DataConfig:
     cutmix: float = 0.0  # CutMix alpha (0: off)
     repeated_aug: int = 0  # repeats per image (RepeatAugSampler); 0 or 1: off
     num_workers: int = 2
+    # in-memory datasets (fashion-mnist, cifar, synthetic) without auto_augment/color_jitter: crop, flip and
+    # erase whole batches in the training process (resmlp.data.batch_augment); false: timm's per-image transform
+    batch_augment: bool = True
     synthetic_size: list[int] = field(default_factory=lambda: [256, 64])  # train, val (kind: synthetic)
     synthetic_classes: int = 4
     permute: str = "none"  # none | patch | global: one fixed pixel permutation on train and val (resmlp.data.permute)
@@ -106,6 +109,7 @@ class DinoConfig:
     student_temp: float = 0.1
     center_momentum: float = 0.9
     momentum_teacher: float = 0.996  # EMA momentum at the start; cosine to 1.0 at the end
+    weight_decay_end: float | None = 0.4  # cosine from optim.weight_decay to this (DINO); None: constant
     freeze_last_layer_epochs: int = 1
     knn_k: int = 20
     knn_temperature: float = 0.07

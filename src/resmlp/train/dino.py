@@ -102,11 +102,11 @@ class DINOLoss(nn.Module):
         self.center.mul_(self.center_momentum).add_(batch_center / count, alpha=1 - self.center_momentum)
 
 
-def momentum_schedule(base: float, total_steps: int, final: float = 1.0) -> list[float]:
-    """Teacher EMA momentum per step: cosine from `base` to `final` (DINO)."""
+def cosine_schedule(start: float, end: float, total_steps: int) -> list[float]:
+    """One value per step, cosine from `start` to `end` (DINO's teacher momentum and weight decay)."""
     if total_steps <= 1:
-        return [base]
-    return [final - (final - base) * (math.cos(math.pi * i / (total_steps - 1)) + 1) / 2 for i in range(total_steps)]
+        return [start]
+    return [end - (end - start) * (math.cos(math.pi * i / (total_steps - 1)) + 1) / 2 for i in range(total_steps)]
 
 
 class MultiCropTransform:

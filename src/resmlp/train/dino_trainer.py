@@ -2,7 +2,8 @@
 
 `DINOTrainer` is the engine's Trainer with DINO's pieces in its hooks, so the loop, checkpointing, exact
 resume and DDP are the engine's: multi-crop training transform, student = backbone + DINO head, teacher =
-the engine's EMA (timm ModelEmaV3) with its decay set per step from the cosine momentum schedule, the DINO
+the engine's EMA (timm ModelEmaV3) with its decay set per step from the cosine momentum schedule, weight
+decay rising on DINO's cosine schedule (optim.weight_decay to dino.weight_decay_end), the DINO
 loss (centering, teacher-temperature warm-up), the last layer's gradients dropped during the first
 `dino.freeze_last_layer_epochs` epochs, gradient clipping by train.clip_grad (one global norm, where DINO
 clips each parameter), and a weighted k-NN (k=20, T=0.07) of the teacher backbone on the labelled test
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from resmlp.data import build_dataset, build_transform
 from resmlp.train import reporting
-from resmlp.train.dino import DINOHead, DINOLoss, DINOModel, MultiCropTransform, momentum_schedule
+from resmlp.train.dino import DINOHead, DINOLoss, DINOModel, MultiCropTransform, cosine_schedule
 from resmlp.train.engine import Trainer, train
 from resmlp.train.probe import extract_features, knn_accuracy
 
@@ -37,7 +38,10 @@ class DINOTrainer(Trainer):
         cfg.train.ema_decay = cfg.dino.momentum_teacher
         super().__init__(cfg, out, info, resume, loss_fn)
         self.ema.module.requires_grad_(False)  # the teacher only ever moves by the EMA
-        self.momentum = momentum_schedule(cfg.dino.momentum_teacher, cfg.schedule.epochs * self.steps_per_epoch)
+        total_steps = cfg.schedule.epochs * self.steps_per_epoch
+        self.momentum = cosine_schedule(cfg.dino.momentum_teacher, 1.0, total_steps)
+        end = cfg.dino.weight_decay_end
+        self.weight_decay = cosine_schedule(cfg.optim.weight_decay, end, total_steps) if end is not None else None
         d, in_chans = cfg.data, cfg.input_shape()[0]
         memory_tf = build_transform(self.data.preprocess, training=False)
         self.knn_memory = build_dataset(d.kind, "train", d.dir, in_chans, memory_tf, tuple(d.synthetic_size),
@@ -77,6 +81,11 @@ class DINOTrainer(Trainer):
         if self.epoch < self.cfg.dino.freeze_last_layer_epochs:  # DINO: stabilises the start
             for p in self.model.head.last_layer.parameters():
                 p.grad = None
+        if self.weight_decay is not None:  # the groups exempt from decay (1-D parameters) keep 0
+            decay = self.weight_decay[min(self.global_step, len(self.weight_decay) - 1)]
+            for group in self.optimizer.param_groups:
+                if group["weight_decay"] > 0:
+                    group["weight_decay"] = decay
 
     def _update_ema(self) -> None:
         self.ema.decay = self.momentum[min(self.global_step, len(self.momentum) - 1)]

@@ -12,7 +12,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,8 @@ from torch.utils.data import DataLoader
 
 from resmlp.checkpoint import save
 from resmlp.data import (
+    ArrayDataset,
+    PixelPermutation,
     Preprocess,
     ResumableSampler,
     SeededDataset,
@@ -39,6 +41,7 @@ from resmlp.data import (
     collate_skipping,
     dataset_stats,
 )
+from resmlp.data.batch_augment import BatchAugment, array_batches
 from resmlp.models.resmlp import ResMLP
 from resmlp.train import reporting
 from resmlp.train.config import TrainConfig, load_config
@@ -104,7 +107,9 @@ def autocast(device: torch.device, amp: str):
 
 def seed_step(seed: int, step: int, rank: int) -> None:
     """Seed every RNG the step touches (dropout, drop-path, Mixup) from (seed, step, rank): exact resume."""
-    step_seed = hash((seed, step, rank, "step")) & 0x7FFF_FFFF
+    # only ints: a str in the tuple would hash differently in every process (PYTHONHASHSEED); the 4-tuple
+    # keeps step seeds apart from the per-image seeds (seed, epoch, position)
+    step_seed = hash((seed, step, rank, 0)) & 0x7FFF_FFFF
     random.seed(step_seed)
     np.random.seed(step_seed)
     torch.manual_seed(step_seed)  # all devices: dropout and drop-path run where the model is
@@ -116,6 +121,7 @@ class RunData:
     val: Any
     class_names: list[str]
     preprocess: Preprocess
+    train_augment: BatchAugment | None = None  # set: train is an ArrayDataset augmented batch by batch
 
 
 def build_data(cfg: TrainConfig, in_chans: int, img_size: int,
@@ -140,7 +146,15 @@ def build_data(cfg: TrainConfig, in_chans: int, img_size: int,
     if train.class_names != val.class_names:
         raise ValueError(f"train and val classes differ: {len(train.class_names)} vs {len(val.class_names)} "
                          "classes; both splits need the same class folders")
-    return RunData(train, val, list(train.class_names), pre)
+    batched = (d.batch_augment and train_transform is None and isinstance(train, ArrayDataset)
+               and not d.auto_augment and not d.color_jitter)
+    augment = None
+    if batched:
+        permutation = (PixelPermutation(d.permute, img_size, d.permute_patch, d.permute_seed)
+                       if d.permute != "none" else None)
+        augment = BatchAugment(img_size, in_chans, mean, std, d.scale, d.ratio, d.hflip, d.reprob, d.interpolation,
+                               after=permutation)
+    return RunData(train, val, list(train.class_names), pre, augment)
 
 
 # ------------------------------------------------------------------------------------------ evaluation
@@ -395,12 +409,9 @@ class Trainer:
         t, info = self.cfg.train, self.info
         per_step = self.micro_batch * t.grad_accum
         self.sampler.set_position(self.epoch, self.step_in_epoch * per_step)
-        loader = DataLoader(SeededDataset(self.data.train), batch_size=self.micro_batch, sampler=self.sampler,
-                            num_workers=self.cfg.data.num_workers, collate_fn=collate_skipping, drop_last=True,
-                            pin_memory=info.device.type == "cuda", persistent_workers=False)
         self.train_model.train()
         bar = self._progress_bar()
-        micro_batches = iter(loader)
+        micro_batches = self._micro_batches()
         epoch_start, images_seen = time.perf_counter(), 0
         while self.step_in_epoch < self.steps_per_epoch:
             seed_step(t.seed, self.global_step, info.rank)
@@ -437,6 +448,15 @@ class Trainer:
             bar.close()
         self.epoch_seconds = time.perf_counter() - epoch_start
         self.epoch_images = images_seen * info.world_size
+
+    def _micro_batches(self) -> Iterator[tuple[Any, torch.Tensor, int]]:
+        """(images, targets, skipped) of this rank from the sampler's position: whole in-memory batches
+        augmented in this process, or a DataLoader applying the per-image transform in workers."""
+        if self.data.train_augment is not None:
+            return array_batches(self.data.train, self.sampler, self.micro_batch, self.data.train_augment)
+        return iter(DataLoader(SeededDataset(self.data.train), batch_size=self.micro_batch, sampler=self.sampler,
+                               num_workers=self.cfg.data.num_workers, collate_fn=collate_skipping, drop_last=True,
+                               pin_memory=self.info.device.type == "cuda", persistent_workers=False))
 
     def _progress_bar(self):
         if not (self.cfg.train.progress and self.info.is_main):

@@ -57,7 +57,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     a folder holding train/<class>/ and val/<class>/. With `output`, writes OUTPUT/summary.json.
     """
     from resmlp.checkpoint import load, read_metadata
-    from resmlp.data import KINDS, Preprocess, build_dataset, build_transform, dataset_stats
+    from resmlp.data import KINDS, Preprocess, build_dataset, build_transform
     from resmlp.train import reporting
     from resmlp.train.distributed import resolve_device
 
@@ -68,13 +68,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
             raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
         data, data_dir = "folder", data
     model, meta = load(checkpoint), read_metadata(checkpoint)
-    if "preprocess" in meta:
-        pre = Preprocess.from_dict(meta["preprocess"])
-    elif hasattr(model, "config"):  # a ResMLP from elsewhere (timm, DeiT): the dataset's statistics
-        mean, std = dataset_stats(data, model.config.in_chans)
-        pre = Preprocess(model.config.img_size, model.config.in_chans, mean, std)
-    else:
-        raise ValueError(f"{checkpoint} has no preprocessing metadata; save it with resmlp.save(..., metadata=...)")
+    pre = Preprocess.from_metadata(meta, model, dataset=data)  # without metadata: the dataset's statistics
     transform = build_transform(pre, training=False)
     torch_device = resolve_device(device)
     start = time.perf_counter()
