@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=3072)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--positions", default="sinusoidal", choices=("none", "sinusoidal"),
+                    help="ResMLP position encodings (the Transformer always has sinusoidal ones)")
     ap.add_argument("--output", default="runs/translate_numbers", help="finished runs found here are reused")
     args = ap.parse_args()
 
@@ -59,16 +61,17 @@ def main() -> None:
     for task in args.tasks:
         for arch in args.archs:
             out = Path(args.output) / f"{task}_{arch}"
-            hidden = args.hidden
+            hidden, extra = args.hidden, []
             if arch == "resmlp":  # vocab size only shifts both counts equally; match on the requested one
                 hidden = matched_hidden(args.dim, args.hidden, args.layers, args.max_len, args.vocab_size)
+                extra = ["--positions", args.positions]
             cmd = [sys.executable, "-m", "resmlp", "translate", "train", "--task", task, "--arch", arch,
                    "--preset", "small", "--dim", str(args.dim), "--hidden", str(hidden),
                    "--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers),
                    "--max-len", str(args.max_len), "--dropout", str(args.dropout),
                    "--vocab-size", str(args.vocab_size), "--optimizer", args.optimizer, "--lr", str(args.lr),
                    "--warmup-steps", str(args.warmup_steps), "--max-tokens", str(args.max_tokens),
-                   "--max-minutes", str(args.max_minutes), "--beam", str(args.beam), "--output", str(out)]
+                   "--max-minutes", str(args.max_minutes), "--beam", str(args.beam), "--output", str(out), *extra]
             if (out / "summary.json").is_file():
                 print(f"reusing the finished run in {out}", flush=True)
             else:

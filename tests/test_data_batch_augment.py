@@ -15,7 +15,7 @@ from timm.data.transforms import RandomResizedCropAndInterpolation
 from torchvision import transforms
 
 from resmlp.data import synthetic
-from resmlp.data.batch_augment import BatchAugment, array_batches
+from resmlp.data.batch_augment import BatchAugment, array_batches, eval_batches
 from resmlp.data.samplers import ResumableSampler, sample_seed
 from resmlp.train.config import load_config
 from resmlp.train.engine import build_data, seed_step
@@ -121,7 +121,7 @@ def test_array_batches_follow_the_sampler_and_drop_the_partial_batch():
     sampler = ResumableSampler(ds, seed=0)
     sampler.set_position(0, skip=2)
     aug = BatchAugment(8, 1, MEAN, STD, scale=(1, 1), ratio=(1, 1), hflip=0.0)
-    batches = list(array_batches(ds, sampler, 3, aug))
+    batches = list(array_batches(ds, iter(sampler), 3, aug))
     assert len(batches) == 2  # 8 remaining samples: two batches of 3, the last 2 dropped
     order = [key[3] for key in sampler][:6]
     assert torch.cat([t for _, t, _ in batches]).tolist() == ds.labels[order].tolist()
@@ -130,9 +130,25 @@ def test_array_batches_follow_the_sampler_and_drop_the_partial_batch():
 
 def test_trainer_data_picks_the_batch_path_only_where_it_applies():
     base = {"data.kind": "synthetic", "model.img_size": 16, "data.crop_pct": 1.0}
-    assert build_data(load_config("fashion-mnist-quick", base), 1, 16).train_augment is not None
+    data = build_data(load_config("fashion-mnist-quick", base), 1, 16)
+    assert data.train_augment is not None and data.val_preprocess is not None
     for off in ({"data.batch_augment": False}, {"data.auto_augment": "rand-m6-mstd0.5-inc1"}):
         assert build_data(load_config("fashion-mnist-quick", {**base, **off}), 1, 16).train_augment is None
+    # an evaluation crop (resize, then centre crop) stays on the per-image transform
+    cropped = build_data(load_config("fashion-mnist-quick", {**base, "data.crop_pct": 0.875}), 1, 16)
+    assert cropped.train_augment is not None and cropped.val_preprocess is None
+
+
+@pytest.mark.parametrize("permute", ["none", "global"])
+def test_batched_evaluation_equals_the_per_image_transform(permute):
+    cfg = load_config("fashion-mnist-quick", {"data.kind": "synthetic", "model.img_size": 16, "data.crop_pct": 1.0,
+                                              "data.permute": permute})
+    data = build_data(cfg, 1, 16)
+    per_image = torch.stack([data.val[i][0] for i in range(len(data.val))])
+    batches = list(eval_batches(data.val, range(len(data.val)), 10, data.val_preprocess))
+    assert [len(t) for _, t, _ in batches] == [10] * 6 + [4]  # 64 images: the partial batch is kept
+    torch.testing.assert_close(torch.cat([x for x, _, _ in batches]), per_image, atol=1e-5, rtol=0)
+    assert torch.cat([t for _, t, _ in batches]).tolist() == data.val.targets
 
 
 def test_step_seeds_are_the_same_in_every_process():

@@ -72,7 +72,7 @@ def test_beam_finds_the_most_likely_sequence_greedy_misses():
 
 
 def random_model(arch: str):
-    torch.manual_seed(1)
+    torch.manual_seed(6)  # outputs of several lengths: some end with EOS, some run to max_len
     model = build_model(model_config("tiny", 19, arch=arch, dropout=0.0))
     with torch.no_grad():
         for p in model.parameters():

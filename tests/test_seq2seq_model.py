@@ -27,9 +27,12 @@ def tokens(b: int, n: int, seed: int) -> torch.Tensor:
     return torch.randint(3, VOCAB, (b, n), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("arch", ["resmlp", "transformer"])
-def test_decoder_is_causal(arch):
-    model = random_model(arch)
+ARCH_VARIANTS = [("resmlp", {}), ("resmlp", {"positions": "none"}), ("transformer", {})]
+
+
+@pytest.mark.parametrize(("arch", "kw"), ARCH_VARIANTS)
+def test_decoder_is_causal(arch, kw):
+    model = random_model(arch, **kw)
     src, tgt = tokens(2, 7, 1), tokens(2, 9, 2)
     j = 5
     changed = tgt.clone()
@@ -40,9 +43,9 @@ def test_decoder_is_causal(arch):
     assert (a[:, j:] - b[:, j:]).abs().amax() > 1e-3  # the change does reach position j onwards
 
 
-@pytest.mark.parametrize("arch", ["resmlp", "transformer"])
-def test_encoder_output_same_alone_and_padded(arch):
-    model = random_model(arch)
+@pytest.mark.parametrize(("arch", "kw"), ARCH_VARIANTS)
+def test_encoder_output_same_alone_and_padded(arch, kw):
+    model = random_model(arch, **kw)
     short = tokens(1, 4, 3)
     batch = tokens(3, 11, 4)
     batch[1] = 0  # pad id
@@ -68,9 +71,9 @@ def test_resmlp_padding_must_be_zeroed_for_invariance():
         assert (leaked - model.encode(short).out[0]).abs().amax() > 1e-3
 
 
-@pytest.mark.parametrize("arch", ["resmlp", "transformer"])
-def test_incremental_decoding_equals_full_recomputation(arch):
-    model = random_model(arch)
+@pytest.mark.parametrize(("arch", "kw"), ARCH_VARIANTS)
+def test_incremental_decoding_equals_full_recomputation(arch, kw):
+    model = random_model(arch, **kw)
     src = tokens(3, 8, 5)
     src[0, 5:] = 0  # one padded source in the batch
     tgt_in = torch.cat([torch.ones(3, 1, dtype=torch.long), tokens(3, 9, 6)], 1)
@@ -102,6 +105,22 @@ def test_inputs_longer_than_max_len_get_a_clear_error():
     model = random_model("resmlp")
     with pytest.raises(ValueError, match="max_len is 16"):
         model.encode(tokens(1, 17, 9))
+
+
+def test_sinusoidal_positions_tell_identical_tokens_apart():
+    same = torch.full((1, 6), 5)
+    for kw, distinct in (({"positions": "none"}, False), ({"positions": "sinusoidal"}, True)):
+        model = random_model("resmlp", **kw)
+        with torch.no_grad():
+            for layer in [*model.encoder, *model.decoder]:  # silence A, the other source of position
+                layer.token_mix.weight.zero_()
+                layer.token_mix.bias.zero_()
+            encoded = model.encode(same).out[0]
+            logits = model.decode(same, model.encode(same))[0]
+        assert ((encoded[0] - encoded[3]).abs().amax() > 1e-3) == distinct
+        assert ((logits[0] - logits[3]).abs().amax() > 1e-3) == distinct
+    with pytest.raises(ValueError, match="unknown positions"):
+        model_config("tiny", VOCAB, positions="learned")
 
 
 def test_config_round_trip_and_validation():

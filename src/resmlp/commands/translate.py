@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, typ in (("dim", int), ("hidden", int), ("encoder-layers", int), ("decoder-layers", int),
                       ("heads", int), ("max-len", int), ("dropout", float), ("layerscale-init", float)):
         t.add_argument(f"--{name}", type=typ, help=f"override the preset's {name}")
+    t.add_argument("--positions", choices=("none", "sinusoidal"),
+                   help="ResMLP position encodings added to the embeddings (default sinusoidal)")
     t.add_argument("--vocab-size", type=int, default=1000, help="joint sentencepiece vocabulary (may end smaller)")
     t.add_argument("--optimizer", choices=("adagrad", "adam"), default="adagrad",
                    help="adagrad + linear warm-up (paper) or adam + inverse-sqrt")
@@ -67,7 +69,7 @@ def run_train(args: argparse.Namespace) -> int:
     from resmlp.seq2seq.train import TrainConfig, train
 
     overrides = {k: getattr(args, k) for k in ("dim", "hidden", "encoder_layers", "decoder_layers", "heads",
-                                               "max_len", "dropout", "layerscale_init")
+                                               "max_len", "dropout", "layerscale_init", "positions")
                  if getattr(args, k) is not None}
     lr = args.lr if args.lr is not None else (0.2 if args.optimizer == "adagrad" else 5e-4)
     cfg = TrainConfig(

@@ -17,14 +17,14 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from timm.data.random_erasing import RandomErasing
 
 from resmlp.data.arrays import ArrayDataset
-from resmlp.data.samplers import ResumableSampler, sample_seed
+from resmlp.data.samplers import sample_seed
 
 ATTEMPTS = 10  # timm's RandomResizedCrop tries 10 areas before it falls back to a centre crop
 GRID_MODES = {"bicubic": "bicubic", "bilinear": "bilinear", "nearest": "nearest"}
@@ -117,11 +117,20 @@ class BatchAugment:
         random.setstate(python_state)
 
 
-def array_batches(dataset: ArrayDataset, sampler: ResumableSampler, batch_size: int,
-                  augment: BatchAugment) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
-    """(images, targets, 0 skipped) batches of `dataset` in `sampler`'s order, the last partial one dropped."""
-    keys = iter(sampler)
-    while len(batch := list(itertools.islice(keys, batch_size))) == batch_size:
+def array_batches(dataset: ArrayDataset, keys: Iterable[tuple[int, int, int, int]], batch_size: int,
+                  augment: BatchAugment, drop_last: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(images, targets, 0 skipped) batches of `dataset` in the order of `keys` (ResumableSampler's
+    (seed, epoch, position, index)), the last partial batch dropped when `drop_last`."""
+    keys = iter(keys)
+    while batch := list(itertools.islice(keys, batch_size)):
+        if drop_last and len(batch) < batch_size:
+            return
         index = [key[3] for key in batch]
         images = torch.from_numpy(dataset.images[index])
         yield augment(images, [sample_seed(key) for key in batch]), torch.from_numpy(dataset.labels[index]), 0
+
+
+def eval_batches(dataset: ArrayDataset, indices: Iterable[int], batch_size: int,
+                 preprocess: BatchAugment) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    """Evaluation batches of `indices` with a deterministic `preprocess` (no random crop, flip or erasing)."""
+    return array_batches(dataset, ((0, 0, i, i) for i in indices), batch_size, preprocess, drop_last=False)

@@ -41,7 +41,7 @@ from resmlp.data import (
     collate_skipping,
     dataset_stats,
 )
-from resmlp.data.batch_augment import BatchAugment, array_batches
+from resmlp.data.batch_augment import BatchAugment, array_batches, eval_batches
 from resmlp.models.resmlp import ResMLP
 from resmlp.train import reporting
 from resmlp.train.config import TrainConfig, load_config
@@ -122,6 +122,7 @@ class RunData:
     class_names: list[str]
     preprocess: Preprocess
     train_augment: BatchAugment | None = None  # set: train is an ArrayDataset augmented batch by batch
+    val_preprocess: BatchAugment | None = None  # set: val is an ArrayDataset preprocessed batch by batch
 
 
 def build_data(cfg: TrainConfig, in_chans: int, img_size: int,
@@ -148,13 +149,17 @@ def build_data(cfg: TrainConfig, in_chans: int, img_size: int,
                          "classes; both splits need the same class folders")
     batched = (d.batch_augment and train_transform is None and isinstance(train, ArrayDataset)
                and not d.auto_augment and not d.color_jitter)
-    augment = None
+    augment = val_preprocess = None
     if batched:
         permutation = (PixelPermutation(d.permute, img_size, d.permute_patch, d.permute_seed)
                        if d.permute != "none" else None)
         augment = BatchAugment(img_size, in_chans, mean, std, d.scale, d.ratio, d.hflip, d.reprob, d.interpolation,
                                after=permutation)
-    return RunData(train, val, list(train.class_names), pre, augment)
+        if d.crop_pct == 1.0 and val.images.shape[1:3] == (img_size, img_size):
+            # the evaluation transform is then ToTensor + Normalize (+ permutation): exact in batches too
+            val_preprocess = BatchAugment(img_size, in_chans, mean, std, (1, 1), (1, 1), 0.0, 0.0, d.interpolation,
+                                          after=permutation)
+    return RunData(train, val, list(train.class_names), pre, augment, val_preprocess)
 
 
 # ------------------------------------------------------------------------------------------ evaluation
@@ -317,7 +322,11 @@ class Trainer:
 
     def _evaluate(self, model: nn.Module) -> tuple[dict[str, Any], float]:
         """hook: end-of-epoch metrics (row entries) and the score that picks the best checkpoint."""
-        loader = eval_loader(self.data.val, self.micro_batch, self.cfg.data.num_workers, self.info)
+        if self.data.val_preprocess is not None:
+            shard = ShardSampler(len(self.data.val), self.info.world_size, self.info.rank)
+            loader = eval_batches(self.data.val, shard, self.micro_batch, self.data.val_preprocess)
+        else:
+            loader = eval_loader(self.data.val, self.micro_batch, self.cfg.data.num_workers, self.info)
         result = run_eval(model, loader, len(self.data.class_names), self.info.device, self.amp, self.info)
         return dict(val_loss=result["loss"], val_top1=result["top1"], val_top5=result["top5"],
                     skipped_val_images=result["skipped"]), result["top1"]
