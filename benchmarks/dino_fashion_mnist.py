@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from resmlp.train.config import parse_overrides
 from resmlp.train.dino_trainer import pretrain_dino
 from resmlp.train.finetune import finetune
 from resmlp.train.probe import frozen_feature_eval
@@ -27,11 +28,13 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, help="DINO epochs (default: the recipe's)")
     parser.add_argument("--finetune-epochs", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="one epoch on synthetic data: checks the pipeline only")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a key of the DINO recipe (repeatable), e.g. --set dino.num_local=2")
     args = parser.parse_args()
     out = Path(args.output)
     common = dict(TINY) if args.tiny else {}
-    pre = pretrain_dino("dino-fashion-mnist", out / "dino", {**common, **({"schedule.epochs": args.epochs}
-                                                                        if args.epochs else {})})
+    epochs = {"schedule.epochs": args.epochs} if args.epochs else {}
+    pre = pretrain_dino("dino-fashion-mnist", out / "dino", {**common, **parse_overrides(args.overrides), **epochs})
     data = "synthetic" if args.tiny else "fashion-mnist"
     linear = frozen_feature_eval(pre["checkpoint"], "linear", data, output=out / "linear")
     tuned = finetune(pre["checkpoint"], "fashion-mnist-quick", out / "finetune",
