@@ -147,3 +147,16 @@ def test_deit_recipe_runs_with_every_augmentation(tmp_path):
     summary = train(cfg, tmp_path / "run")
     assert summary["epochs"] == 1 and summary["lr"] == pytest.approx(5e-3 * 8 / 1024)
     assert resmlp.read_metadata(summary["checkpoint"])["preprocess"]["crop_pct"] == 0.875
+
+
+@pytest.mark.parametrize("switch", ["train.compile", "train.channels_last"])
+def test_compile_and_channels_last_train_the_same_weights(tmp_path, switch):
+    """torch.compile (the quickstart uses it) and channels-last change speed, not the result."""
+    overrides = {**TINY, "schedule.epochs": 1, "data.synthetic_size": [64, 16], "model.drop_path_rate": 0.0}
+    plain = train("fashion-mnist-quick", tmp_path / "plain", overrides={**overrides, switch: False})
+    switched = train("fashion-mnist-quick", tmp_path / "switched", overrides={**overrides, switch: True})
+    a, b = resmlp.load(plain["checkpoint"]).state_dict(), resmlp.load(switched["checkpoint"]).state_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=2e-4, rtol=1e-3, msg=f"{switch}: {key} differs")
+    assert plain["test_top1"] == pytest.approx(switched["test_top1"], abs=100 / 16 + 1e-6)  # at most 1 of 16
