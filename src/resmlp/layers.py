@@ -86,9 +86,7 @@ def make_norm(kind: str, dim: int) -> nn.Module:
 class CrossPatchLinear(nn.Module):
     """The paper's cross-patch sublayer: one N x N matrix A (plus bias) shared by all channels.
 
-    Computes A @ X + b directly on the (B, N, C) layout, so no transposes are needed, as one batched
-    `baddbmm` over a broadcast (not copied) A: forward + backward took 70 ms against 130 ms for
-    `matmul(A, X) + b` (B=32, N=196, C=384, one thread, this project's CPU).
+    Computes A @ X directly on the (B, N, C) layout, so no transposes are needed.
     """
 
     def __init__(self, num_patches: int) -> None:
@@ -98,8 +96,7 @@ class CrossPatchLinear(nn.Module):
         nn.init.trunc_normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.weight.expand(x.shape[0], -1, -1)
-        return torch.baddbmm(self.bias.unsqueeze(-1).to(x.dtype), a.to(x.dtype), x)
+        return torch.matmul(self.weight, x) + self.bias.unsqueeze(-1)
 
 
 class CrossPatchMlp(Mlp):
