@@ -56,13 +56,18 @@ class BatchAugment:
         self.scale, self.log_ratio = scale, (math.log(ratio[0]), math.log(ratio[1]))
         self.ratio, self.hflip, self.mode, self.after = ratio, hflip, GRID_MODES[interpolation], after
         self.erase = RandomErasing(reprob, mode="pixel", max_count=1, device="cpu") if reprob > 0 else None
+        # whole image, no flip (evaluation): no random numbers to draw
+        self.random = (tuple(scale), tuple(ratio), hflip) != ((1, 1), (1, 1), 0)
 
     def __call__(self, images: torch.Tensor, seeds: Sequence[int]) -> torch.Tensor:
         if len(images) != len(seeds):
             raise ValueError(f"{len(images)} images but {len(seeds)} seeds")
         x = self._channels(images)
         height, width = x.shape[-2:]
-        u = torch.stack([torch.rand(2 * ATTEMPTS + 3, generator=torch.Generator().manual_seed(s)) for s in seeds])
+        if self.random:
+            u = torch.stack([torch.rand(2 * ATTEMPTS + 3, generator=torch.Generator().manual_seed(s)) for s in seeds])
+        else:  # zeros pick the full-area, unflipped box
+            u = torch.zeros(len(seeds), 2 * ATTEMPTS + 3)
         top, left, h, w = self._crop_boxes(u, height, width)
         flip = u[:, -1] < self.hflip
         # affine map from output to input coordinates (align_corners=False: -1 and 1 are the outer pixel edges)
