@@ -113,3 +113,34 @@ def test_checkpoint_teacher_with_wrong_class_count_is_refused_before_training(tm
     err = capsys.readouterr().err
     assert "predicts 7 classes but the dataset has 4" in err
     assert not (tmp_path / "run" / "last.pth").exists()
+
+
+def test_teacher_cache_runs_the_teacher_once_per_distinct_image_and_changes_nothing():
+    cfg = load_config("fashion-mnist-quick", TINY)
+    torch.manual_seed(0)
+    teacher = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=4, dim=16, depth=1)
+    student = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=4, dim=16, depth=1)
+    plain = DistillationLoss(supervised_loss(cfg, 4), teacher, "soft", alpha=0.5, tau=2.0)
+    cached = DistillationLoss(supervised_loss(cfg, 4), teacher, "soft", alpha=0.5, tau=2.0, cache=True)
+    images, labels = torch.randn(8, 1, 16, 16), torch.arange(8) % 4
+    for batch in (images, images.flip(0), torch.cat([images[:4], torch.randn(4, 1, 16, 16)])):
+        targets = labels if batch is images else labels.flip(0)
+        assert torch.allclose(cached(student, batch, targets), plain(student, batch, targets), atol=1e-6)
+    # 8 images, the same 8 in another order, then 4 seen and 4 new: the teacher ran on 12 images, not 24
+    assert (cached.teacher_images, plain.teacher_images) == (12, 24)
+
+
+def test_teacher_cache_is_refused_with_random_augmentation():
+    with pytest.raises(ValueError, match=r"distill\.cache needs a fixed augmentation.*data\.mixup"):
+        load_config("fashion-mnist-quick", {**TINY, "distill.cache": True, "data.mixup": 0.8})
+    load_config("fashion-mnist-quick", {**TINY, "distill.cache": True, "data.hflip": 0.5})  # flips are fine
+
+
+def test_distillation_with_teacher_cache_trains_the_same_weights(tmp_path):
+    teacher = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=4, dim=16, depth=1)
+    resmlp.save(teacher, tmp_path / "t.safetensors")
+    common = {**TINY, "schedule.epochs": 2, "data.hflip": 0.5, "distill.teacher": str(tmp_path / "t.safetensors")}
+    runs = {cache: train("fashion-mnist-distill", tmp_path / f"cache{cache}", {**common, "distill.cache": cache})
+            for cache in (False, True)}
+    a, b = (resmlp.load(runs[c]["checkpoint"].replace("best", "last")).state_dict() for c in (False, True))
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)

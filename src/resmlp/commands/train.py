@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--distill-alpha", type=float, help="soft distillation: weight of the KL term (= distill.alpha)")
     p.add_argument("--distill-tau", type=float, help="soft distillation: temperature (= distill.tau)")
     p.add_argument("--teacher-weights", help="weights file of a timm:/torchvision: teacher (= distill.weights)")
+    p.add_argument("--distill-cache", action="store_true", default=None,
+                   help="run the teacher once per distinct image (fixed augmentation only; = distill.cache)")
     p.set_defaults(run=run_train)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset: accuracy, per-class, confusion matrix")
@@ -50,7 +52,7 @@ def run_train(args: argparse.Namespace) -> int:
     flags = {"schedule.epochs": args.epochs, "train.batch_size": args.batch_size, "data.dir": args.data_dir,
              "model.name": args.model, "train.device": args.device, "distill.teacher": args.distill,
              "distill.type": args.distill_type, "distill.alpha": args.distill_alpha, "distill.tau": args.distill_tau,
-             "distill.weights": args.teacher_weights}
+             "distill.weights": args.teacher_weights, "distill.cache": args.distill_cache}
     overrides = {**{k: v for k, v in flags.items() if v is not None}, **parse_overrides(args.overrides)}
     summary = train(args.recipe, args.output, overrides=overrides, resume=args.resume)
     print(f"test top-1 {summary['test_top1']:.2f}%, top-5 {summary['test_top5']:.2f}% after {summary['epochs']} "

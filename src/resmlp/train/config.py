@@ -84,6 +84,9 @@ class DistillConfig:
     alpha: float = 0.5  # soft: weight of the KL term
     tau: float = 1.0  # soft: temperature
     weights: str | None = None  # weights file for a timm:/torchvision: teacher; None: random init
+    # keep each distinct training image's teacher output (in memory, keyed by its pixels): pays off when the
+    # augmentation yields few distinct images (no crops, erasing, Mixup/CutMix, RandAugment; flips allowed)
+    cache: bool = False
 
 
 @dataclass
@@ -377,6 +380,13 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(kd.type in ("hard", "soft"), f"distill.type: {kd.type!r} is not one of hard, soft")
     need(0 <= kd.alpha <= 1, f"distill.alpha must be in [0, 1], got {kd.alpha}")
     need(kd.tau > 0, f"distill.tau must be > 0, got {kd.tau}")
+    random_aug = [key for key, on in (("scale", list(d.scale) != [1.0, 1.0]), ("reprob", d.reprob > 0),
+                                      ("mixup", d.mixup > 0), ("cutmix", d.cutmix > 0),
+                                      ("auto_augment", bool(d.auto_augment)), ("color_jitter", d.color_jitter > 0))
+                  if on]
+    need(not (kd.cache and random_aug),
+         f"distill.cache needs a fixed augmentation (flips are fine), but data.{', data.'.join(random_aug)} "
+         "make every image new each epoch, so a cache would only grow; set distill.cache: false")
     need(ft.img_size is None or ft.img_size > 0, f"finetune.img_size must be > 0, got {ft.img_size}")
     need(ft.freeze is None or ft.freeze == "all-but-head" or (isinstance(ft.freeze, int) and ft.freeze >= 0),
          f"finetune.freeze: expected a number of blocks (>= 0) or all-but-head, got {ft.freeze!r}")

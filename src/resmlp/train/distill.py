@@ -8,12 +8,14 @@ Loss with student logits s, teacher logits t, base supervised loss L (CE on labe
 soft targets):
 - hard: 1/2 L(s) + 1/2 CE(s, argmax t)                             (DeiT, used by the ResMLP paper)
 - soft: (1 - alpha) L(s) + alpha tau^2 KL(softmax(t / tau) || softmax(s / tau))   (batch mean)
-The teacher sees exactly the (mixed) images the student sees, as in DeiT. Teacher outputs are not
-cached: with random augmentation every epoch they change, and caching would only pay for a fixed one.
+The teacher sees exactly the (mixed) images the student sees, as in DeiT. With `distill.cache` (only for
+a fixed augmentation, checked by the config) each distinct image's teacher output is kept, keyed by a hash
+of its pixels, so the teacher runs once per image (and flip) instead of once per epoch.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,19 +43,34 @@ def soft_distillation_loss(student: torch.Tensor, teacher: torch.Tensor, base: t
 class DistillationLoss:
     """Engine loss_fn: the supervised loss (with its Mixup/CutMix) plus a frozen teacher's term."""
 
-    def __init__(self, base, teacher: nn.Module, kind: str = "hard", alpha: float = 0.5, tau: float = 1.0) -> None:
+    def __init__(self, base, teacher: nn.Module, kind: str = "hard", alpha: float = 0.5, tau: float = 1.0,
+                 cache: bool = False) -> None:
         self.base, self.teacher, self.kind, self.alpha, self.tau = base, freeze(teacher), kind, alpha, tau
+        self.cache: dict[bytes, torch.Tensor] | None = {} if cache else None
+        self.teacher_images = 0  # images the teacher actually ran on (the cache's saving shows here)
 
     def __call__(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         images, targets = self.base.mix(images, targets)
-        student = model(images)
-        with torch.no_grad():  # the engine's autocast is active here: bf16 where enabled
-            teacher = self.teacher(images)
-        student, teacher = student.float(), teacher.float()
+        student = model(images).float()
+        teacher = self.teacher_logits(images)
         base = self.base.criterion(student, targets)
         if self.kind == "hard":
             return hard_distillation_loss(student, teacher, base)
         return soft_distillation_loss(student, teacher, base, self.alpha, self.tau)
+
+    @torch.no_grad()  # the engine's autocast is active here: bf16 where enabled
+    def teacher_logits(self, images: torch.Tensor) -> torch.Tensor:
+        if self.cache is None:
+            self.teacher_images += len(images)
+            return self.teacher(images).float()
+        pixels = images.detach().float().cpu().contiguous().flatten(1).numpy()
+        keys = [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in pixels]
+        missing = [i for i, key in enumerate(keys) if key not in self.cache]
+        if missing:  # the teacher is in eval mode, so a sub-batch gives each image the same output
+            self.teacher_images += len(missing)
+            new = self.teacher(images[missing]).float().cpu()
+            self.cache.update((keys[i], row) for i, row in zip(missing, new, strict=True))
+        return torch.stack([self.cache[key] for key in keys]).to(images.device)
 
 
 def freeze(model: nn.Module) -> nn.Module:
@@ -142,4 +159,4 @@ def build_distillation_loss(cfg: TrainConfig, base: Callable, num_classes: int,
     in_chans, img_size = cfg.input_shape()
     teacher = freeze(load_teacher(kd.teacher, num_classes, in_chans, kd.weights).to(device))
     check_teacher(teacher, kd.teacher, num_classes, in_chans, img_size, device)
-    return DistillationLoss(base, teacher, kd.type, kd.alpha, kd.tau)
+    return DistillationLoss(base, teacher, kd.type, kd.alpha, kd.tau, kd.cache)
