@@ -71,6 +71,28 @@ def test_beam_finds_the_most_likely_sequence_greedy_misses():
     assert greedy(model, src) != [[B]]
 
 
+class LongBestModel(TableModel):
+    """A confident model whose best output is the longest: A A A (p 0.86). The unlikely B (0.06) and B A
+    (0.02) end first; a search that stops once `beam` hypotheses have ended returns B."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config.max_len = 6
+
+    def probs(self, prefix: tuple[int, ...]) -> dict[int, float]:
+        table = {(): {A: 0.9, B: 0.1}, (A,): {A: 0.98, EOS: 0.01, B: 0.01}, (B,): {EOS: 0.6, A: 0.2, B: 0.2},
+                 (A, A): {A: 0.98, EOS: 0.01, B: 0.01}, (B, A): {EOS: 1.0}, (A, A, A): {EOS: 1.0}}
+        return table.get(prefix, {EOS: 1.0})
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 0.6, 1.0])
+def test_beam_keeps_searching_while_a_live_beam_can_beat_the_ended_ones(lenpen):
+    model = LongBestModel()
+    assert model.sequence_logprob((A, A, A, EOS)) > model.sequence_logprob((B, EOS)) > model.sequence_logprob(
+        (B, A, EOS))
+    assert beam_search(model, torch.ones(1, 1, dtype=torch.long), beam=2, lenpen=lenpen) == [[A, A, A]]
+
+
 def random_model(arch: str):
     torch.manual_seed(6)  # outputs of several lengths: some end with EOS, some run to max_len
     model = build_model(model_config("tiny", 19, arch=arch, dropout=0.0))

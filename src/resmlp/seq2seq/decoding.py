@@ -45,7 +45,9 @@ def beam_search(
 ) -> list[list[int]]:
     """Batched beam search; a finished hypothesis scores sum(log p) / length**lenpen (length incl. EOS).
 
-    A sentence stops once `beam` hypotheses have ended (as fairseq does); the best normalised one wins.
+    Each sentence keeps its `beam` best finished hypotheses and stops once no active beam can still beat
+    the worst of them (its log-probability only falls; the bound takes the most favourable final length),
+    so unlikely hypotheses that end early cannot crowd out a likely longer one. The best normalised wins.
     """
     cfg = model.config
     b, k = src.shape[0], beam
@@ -57,6 +59,7 @@ def beam_search(
     tokens = torch.full((b * k,), cfg.bos_id, dtype=torch.long, device=src.device)
     prefixes = torch.zeros(b * k, 0, dtype=torch.long, device=src.device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    done = [False] * b
     limit = _limit(model, max_len)
     for t in range(limit):
         logp = F.log_softmax(model.step(tokens, state).float(), dim=-1)
@@ -72,20 +75,25 @@ def beam_search(
         keep_token = torch.full((b, k), cfg.eos_id, dtype=torch.long)
         keep_score = torch.full((b, k), float("-inf"))
         for i in range(b):
-            if len(finished[i]) >= k:
+            if done[i]:
                 continue
             n = 0
-            for score, o, tok in zip(top_scores[i].tolist(), origin[i].tolist(), token[i].tolist(), strict=True):
+            ranked = zip(top_scores[i].tolist(), origin[i].tolist(), token[i].tolist(), strict=True)
+            for rank, (score, o, tok) in enumerate(ranked):
                 if score == float("-inf") or n == k:
                     break
                 if tok == cfg.eos_id:
-                    if len(finished[i]) < k:
-                        hyp = prefixes[i * k + o].tolist()
-                        finished[i].append((score / (t + 1) ** lenpen, hyp))
+                    # only an EOS among the k best candidates ends a hypothesis (fairseq, Hugging Face): the
+                    # other k candidates are there to refill the beams
+                    if rank < k:
+                        finished[i].append((score / (t + 1) ** lenpen, prefixes[i * k + o].tolist()))
+                        finished[i] = sorted(finished[i], key=lambda h: h[0], reverse=True)[:k]
                 else:
                     keep_origin[i, n], keep_token[i, n], keep_score[i, n] = o, tok, score
                     n += 1
-        if all(len(f) >= k for f in finished):
+            done[i] = len(finished[i]) >= k and finished[i][-1][0] >= _best_reachable(
+                keep_score[i, 0].item(), t + 2, limit, lenpen)
+        if all(done):
             break
         index = (torch.arange(b)[:, None] * k + keep_origin).view(-1).to(src.device)
         state.reorder(index)
@@ -93,3 +101,11 @@ def beam_search(
         tokens = keep_token.view(-1).to(src.device)
         scores = keep_score.to(src.device)
     return [max(f, key=lambda h: h[0])[1] if f else [] for f in finished]
+
+
+def _best_reachable(logp: float, shortest: int, longest: int, lenpen: float) -> float:
+    """Highest normalised score an active beam with summed log-probability `logp` can still end with:
+    more tokens only lower logp (<= 0), so the bound takes the length that divides it most favourably."""
+    if logp == float("-inf"):
+        return logp
+    return logp / (longest if lenpen > 0 else shortest) ** lenpen
