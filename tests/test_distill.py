@@ -13,7 +13,12 @@ import resmlp
 from resmlp.cli import main
 from resmlp.train import train
 from resmlp.train.config import load_config
-from resmlp.train.distill import DistillationLoss, hard_distillation_loss, soft_distillation_loss
+from resmlp.train.distill import (
+    DistillationLoss,
+    build_distillation_loss,
+    hard_distillation_loss,
+    soft_distillation_loss,
+)
 from resmlp.train.engine import supervised_loss
 
 TINY = {
@@ -144,3 +149,7 @@ def test_distillation_with_teacher_cache_trains_the_same_weights(tmp_path):
             for cache in (False, True)}
     a, b = (resmlp.load(runs[c]["checkpoint"].replace("best", "last")).state_dict() for c in (False, True))
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    # and the config's switch reaches the engine's loss
+    cfg = load_config("fashion-mnist-distill", {**common, "distill.cache": True})
+    loss = build_distillation_loss(cfg, supervised_loss(cfg, 4), 4, torch.device("cpu"))
+    assert loss.cache == {}
