@@ -65,3 +65,13 @@ def test_multicrop_gives_global_size_crops_and_model_runs():
     model = DINOModel(backbone, DINOHead(16, out_dim=32, hidden_dim=24, bottleneck_dim=8))
     batch = [torch.stack([c] * 2) for c in crops]
     assert model(batch).shape == (10, 32)
+
+
+def test_grayscale_multicrop_jitters_intensity():
+    # crops, flips and blur leave a uniform image unchanged; only the brightness/contrast jitter (and
+    # solarisation) change its level, so views of one image must not all share its intensity
+    torch.manual_seed(0)
+    transform = MultiCropTransform(28, mean=(0.0,), std=(1.0,), num_local=2, grayscale=True)
+    image = Image.new("L", (28, 28), color=100)
+    levels = {round(c.mean().item(), 4) for _ in range(10) for c in transform(image)}
+    assert len(levels) > 5, f"views of a uniform image kept {levels}: no photometric augmentation"

@@ -116,15 +116,17 @@ class MultiCropTransform:
                  global_scale: tuple[float, float] = (0.4, 1.0), local_scale: tuple[float, float] = (0.05, 0.4),
                  local_size: int | None = None, grayscale: bool = False) -> None:
         local_size = local_size or max(img_size * 3 // 7, 8)
-        color = [] if grayscale else [
-            T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), T.RandomGrayscale(p=0.2)]
+        # Grayscale images keep DINO's brightness and contrast jitter: without any photometric change two
+        # crops of one image share its intensity histogram, a shortcut that matches views without shape.
+        jitter = T.ColorJitter(0.4, 0.4) if grayscale else T.ColorJitter(0.4, 0.4, 0.2, 0.1)
+        color = [T.RandomApply([jitter], p=0.8)] + ([] if grayscale else [T.RandomGrayscale(p=0.2)])
         finish = [T.ToTensor(), T.Normalize(mean, std)]
         flip = T.RandomHorizontalFlip()
         blur = T.GaussianBlur(3, sigma=(0.1, 2.0))
-        self.global_views = [
+        self.global_views = [  # DINO's two global views: blurred always / rarely, the second solarised at 0.2
             T.Compose([T.RandomResizedCrop(img_size, scale=global_scale, interpolation=T.InterpolationMode.BICUBIC),
-                       flip, *color, T.RandomApply([blur], p=p), *finish])
-            for p in (1.0, 0.1)
+                       flip, *color, T.RandomApply([blur], p=p_blur), T.RandomSolarize(128, p=p_solarize), *finish])
+            for p_blur, p_solarize in ((1.0, 0.0), (0.1, 0.2))
         ]
         # option (a): crop small, then resize to the global size the cross-patch matrix expects
         self.local_view = T.Compose([
