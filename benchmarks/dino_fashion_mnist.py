@@ -19,7 +19,8 @@ from resmlp.train.finetune import finetune
 from resmlp.train.probe import frozen_feature_eval
 
 TINY = {"data.kind": "synthetic", "data.synthetic_size": [128, 64], "schedule.epochs": 1,
-        "schedule.warmup_epochs": 0, "train.progress": False, "train.batch_size": 32}
+        "schedule.warmup_epochs": 0, "train.progress": False, "train.batch_size": 32,
+        "train.compile": False}
 
 
 def main() -> int:
