@@ -16,9 +16,9 @@ from resmlp.train.distributed import DistInfo
 TINY = {
     "data.kind": "synthetic", "data.num_workers": 0, "data.crop_pct": 1.0, "data.synthetic_size": [64, 32],
     "model.img_size": 16, "model.patch_size": 4, "model.dim": 32, "model.depth": 2, "schedule.epochs": 2,
-    "schedule.warmup_epochs": 0, "train.batch_size": 16, "train.progress": False, "train.threads": 1, "train.compile": False,
+    "schedule.warmup_epochs": 0, "train.batch_size": 16, "train.progress": False, "train.threads": 1,
     "optim.lr": 1e-3, "dino.out_dim": 64, "dino.hidden_dim": 32, "dino.bottleneck_dim": 16, "dino.num_local": 2,
-    "dino.local_size": 8, "dino.warmup_teacher_temp_epochs": 0,
+    "dino.local_size": 8, "dino.warmup_teacher_temp_epochs": 0, "train.compile": False,
 }
 CPU = DistInfo(1, 0, 0, torch.device("cpu"))
 
