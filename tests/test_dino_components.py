@@ -75,3 +75,14 @@ def test_grayscale_multicrop_jitters_intensity():
     image = Image.new("L", (28, 28), color=100)
     levels = {round(c.mean().item(), 4) for _ in range(10) for c in transform(image)}
     assert len(levels) > 5, f"views of a uniform image kept {levels}: no photometric augmentation"
+
+
+def test_only_the_second_global_view_is_solarised():
+    # a white image stays above 0.6 under brightness jitter (factor >= 0.6); only solarisation (255 - x for
+    # x >= 128) takes it below 0.45, and DINO solarises the second global view alone
+    torch.manual_seed(0)
+    transform = MultiCropTransform(28, mean=(0.0,), std=(1.0,), num_local=1, grayscale=True)
+    image = Image.new("L", (28, 28), color=255)
+    views = [transform(image) for _ in range(60)]
+    solarised = [sum(v[i].mean().item() < 0.45 for v in views) for i in range(3)]
+    assert solarised[0] == 0 and solarised[2] == 0 and 3 <= solarised[1] <= 25, solarised
