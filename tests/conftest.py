@@ -53,3 +53,31 @@ TINY = dict(img_size=32, patch_size=8, dim=32, depth=2, num_classes=7)
 @pytest.fixture
 def tiny_config() -> ResMLPConfig:
     return ResMLPConfig(**TINY)
+
+
+# ------------------------------------------------------------------------------------------ host and precision
+def pytest_report_header(config) -> str:
+    """One line saying where the suite ran, so a CI log tells an AVX2 host from an AVX-512 BF16 one."""
+    from resmlp.hostinfo import host_line
+
+    return host_line()
+
+
+# How far two training runs that differ only in rounding (compile vs eager, two processes vs one, accumulation
+# vs a full batch) may drift apart, as a fraction of how far the weights moved. With plain SGD an update is
+# linear in the gradient, so a rounding difference stays a rounding difference. Measured on the tiny recipes
+# (AVX-512 BF16 host): fp32 ~2e-7, bf16 autocast ~1e-3; the bounds leave a wide margin for other CPUs while a
+# real difference (a skipped or doubled step moves the weights ~1/steps = 25 % apart) still fails.
+DRIFT_BOUND = {"none": 1e-4, "bf16": 0.05}
+
+
+def assert_same_training(init: dict[str, torch.Tensor], a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
+                         amp: str, what: str) -> None:
+    """Runs a and b from the same initial weights moved the same way, within the precision's drift bound."""
+    assert a.keys() == b.keys() == init.keys()
+    keys = [k for k in a if a[k].is_floating_point()]
+    moved_a = torch.cat([(a[k] - init[k]).flatten().double() for k in keys])
+    moved_b = torch.cat([(b[k] - init[k]).flatten().double() for k in keys])
+    assert moved_a.norm() > 0, f"{what}: the weights did not move; the comparison would be empty"
+    drift = ((moved_a - moved_b).norm() / moved_a.norm()).item()
+    assert drift < DRIFT_BOUND[amp], f"{what} ({amp}): runs drifted {drift:.3g} of the update apart"

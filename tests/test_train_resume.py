@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -49,17 +50,20 @@ def sets(overrides: dict) -> list[str]:
     return [arg for key, value in overrides.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
 
 
-def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
-    killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "killed"), json.dumps(OVERRIDES)],
+@pytest.mark.parametrize("amp", ["none", "bf16"])  # bf16: the path `amp: auto` takes on AVX-512 BF16 hosts
+def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path, amp):
+    """Same host, same precision: resume must be bit-identical to an uninterrupted run."""
+    overrides = {**OVERRIDES, "train.amp": amp}
+    killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "killed"), json.dumps(overrides)],
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     state = torch.load(tmp_path / "killed" / "last.pth", weights_only=True)
     assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (1, 2, 8)  # mid-epoch 2
     assert not (tmp_path / "killed" / "summary.json").exists()
 
-    resumed = resmlp_train("--output", str(tmp_path / "killed"), "--resume", *sets(OVERRIDES))
+    resumed = resmlp_train("--output", str(tmp_path / "killed"), "--resume", *sets(overrides))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    train("fashion-mnist-quick", tmp_path / "straight", overrides=OVERRIDES)  # uninterrupted, in this process
+    train("fashion-mnist-quick", tmp_path / "straight", overrides=overrides)  # uninterrupted, in this process
 
     for name in ("last.safetensors", "best.safetensors"):
         a, b = load_file(tmp_path / "killed" / name), load_file(tmp_path / "straight" / name)

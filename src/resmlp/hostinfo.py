@@ -1,0 +1,68 @@
+"""Where a number was measured: CPU model and capability, native bf16, GPU, threads, library versions.
+
+Every summary.json, benchmark file and benchmark table records this, because the same command gives
+different speeds (and, through `amp: auto`, a different precision) on an AVX2 host and an AVX-512 BF16 one.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def native_bf16() -> bool:
+    """True where bf16 matrix products run natively on the CPU (AVX-512 BF16 or AMX), not emulated."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def usable_cores() -> int:
+    """CPU cores this process may use: its affinity mask, capped by a cgroup v2 CPU quota when one is set."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def host_info(precision: str | None = None) -> dict[str, Any]:
+    """The host facts a measured number needs beside it; `precision` is the one actually used."""
+    import timm
+
+    info: dict[str, Any] = dict(
+        cpu=cpu_model(), cpu_capability=torch.backends.cpu.get_cpu_capability(), native_bf16=native_bf16(),
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        threads=torch.get_num_threads(), usable_cores=usable_cores(), torch=torch.__version__,
+        timm=timm.__version__,
+    )
+    if precision is not None:
+        info["precision"] = precision
+    return info
+
+
+def host_line() -> str:
+    """One line: 'host: AMD EPYC, AVX512, native bf16 yes, 2 threads, torch 2.14.1, no GPU'."""
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return (f"host: {cpu_model()}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"native bf16 {'yes' if native_bf16() else 'no'}, {torch.get_num_threads()} threads, "
+            f"torch {torch.__version__}, {gpu}")
