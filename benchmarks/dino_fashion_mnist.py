@@ -15,10 +15,9 @@ import json
 import time
 from pathlib import Path
 
-from resmlp.train.config import load_config, parse_overrides
-from resmlp.train.dino_trainer import pretrain_dino
-from resmlp.train.engine import train
-from resmlp.train.finetune import finetune, load_start, model_section
+import resmlp
+from resmlp.train import finetune, pretrain_dino, train
+from resmlp.train.config import TRAINING_FIELDS, load_config, parse_overrides
 from resmlp.train.probe import frozen_feature_eval
 
 TINY = {"data.kind": "synthetic", "data.synthetic_size": [128, 64], "schedule.epochs": 1,
@@ -44,7 +43,9 @@ def main() -> int:
     labelled = {**common, "schedule.epochs": 1 if args.tiny else args.finetune_epochs}
     tuned = finetune(pre["checkpoint"], "fashion-mnist-quick", out / "finetune", labelled)
     scratch_cfg = load_config("fashion-mnist-quick", labelled).to_dict()
-    scratch_cfg["model"] = model_section(load_start(pre["checkpoint"]), scratch_cfg["model"])  # same network
+    backbone = resmlp.load(pre["checkpoint"]).config.to_dict()  # the same network, from random weights
+    scratch_cfg["model"] = {"name": "resmlp_s12", **{k: v for k, v in backbone.items() if k != "num_classes"},
+                            **{k: v for k, v in scratch_cfg["model"].items() if k in TRAINING_FIELDS}}
     scratch = train(scratch_cfg, out / "scratch")
     result = {"knn_top1": pre["knn_top1"], "linear_top1": linear["linear_top1"], "finetune_top1": tuned["test_top1"],
               "scratch_top1": scratch["test_top1"],

@@ -141,17 +141,16 @@ def read_idx(path: Path) -> np.ndarray:
 
 def agreement(checkpoint: Path, precisions: list[str]) -> list[dict]:
     """Top-1 agreement of each precision with the fp32 model, and accuracy, on Fashion-MNIST t10k."""
-    import torchvision.transforms as T
+    from PIL import Image
 
-    from resmlp.inference import Preprocess
+    from resmlp.inference import load_for_inference
 
-    model = resmlp.load(checkpoint).eval()
-    pre = Preprocess.from_metadata(resmlp.read_metadata(checkpoint), model)
-    images = torch.from_numpy(read_idx(FASHION / "t10k-images-idx3-ubyte.gz").copy()).float().div(255)[:, None]
+    loaded = load_for_inference(checkpoint)
+    model, transform = loaded.model, loaded.preprocess.eval_transform()  # the one evaluation transform
+    mode = "L" if loaded.preprocess.in_chans == 1 else "RGB"
+    pixels = read_idx(FASHION / "t10k-images-idx3-ubyte.gz")
     labels = torch.from_numpy(read_idx(FASHION / "t10k-labels-idx1-ubyte.gz").astype(np.int64))
-    resize = T.Compose([T.Resize(round(pre.img_size / pre.crop_pct), T.InterpolationMode(pre.interpolation)),
-                        T.CenterCrop(pre.img_size), T.Normalize(pre.mean, pre.std)])
-    x = resize(images.expand(-1, pre.in_chans, -1, -1))
+    x = torch.stack([transform(Image.fromarray(p).convert(mode)) for p in pixels])
     variants = {"fp32 (model)": model}
     for precision in precisions:
         if precision != "onnx":

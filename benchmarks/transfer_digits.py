@@ -21,8 +21,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from resmlp.train import train
-from resmlp.train.finetune import finetune
+from resmlp.train import finetune, train
 
 
 def write_digits(root: Path, seed: int = 0) -> Path:

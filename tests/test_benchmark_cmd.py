@@ -12,7 +12,8 @@ from resmlp.analysis import benchmark
 from resmlp.analysis.benchmark import ModelSpec
 from resmlp.cli import main
 from resmlp.complexity import count_params
-from resmlp.data import Preprocess, build_dataset
+from resmlp.data import build_dataset
+from resmlp.preprocess import Preprocess
 
 TINY_OURS = "resmlp_s12:dim=32,depth=2,img_size=32,patch_size=8,num_classes=10"
 TINY_TIMM = "test_resnet:num_classes=10,img_size=64"  # a convnet: img_size only sets the input
@@ -135,7 +136,7 @@ def test_val_data_measures_the_top1_of_checkpoint_files(tmp_path, capsys):
     path = tmp_path / "tiny.safetensors"
     resmlp.save(model, path, {"preprocess": pre.to_dict(), "class_names": [f"class_{c}" for c in range(4)]})
     # the expected accuracy, computed here without the evaluation code
-    val = build_dataset("synthetic", "val", None, 1, pre.transform(), img_size=16)
+    val = build_dataset("synthetic", "val", None, 1, pre.eval_transform(), img_size=16)
     images = torch.stack([val[i][0] for i in range(len(val))])
     with torch.no_grad():
         expected = 100.0 * (model.eval()(images).argmax(1) == torch.tensor(val.targets)).float().mean().item()

@@ -13,17 +13,16 @@ import torch
 from PIL import Image
 
 from resmlp.data import (
-    Preprocess,
     ResumableSampler,
     SeededDataset,
     SkippingImageFolder,
     build_dataset,
-    build_transform,
     collate_skipping,
     read_idx,
     synthetic,
 )
 from resmlp.data.fashion_mnist import fashion_mnist
+from resmlp.preprocess import Preprocess
 
 
 def write_idx(path: Path, array: np.ndarray, gz: bool) -> None:
@@ -99,7 +98,7 @@ def make_folder(root: Path, classes: dict[str, int], corrupt: int = 0) -> None:
 def test_folder_skips_corrupt_images_and_counts_them(tmp_path):
     make_folder(tmp_path, {"cat": 3, "dog": 2}, corrupt=2)
     pre = Preprocess(16, 3, (0.5,) * 3, (0.25,) * 3, crop_pct=1.0)
-    ds = SkippingImageFolder(tmp_path, transform=build_transform(pre, training=False))
+    ds = SkippingImageFolder(tmp_path, transform=pre.eval_transform())
     assert ds.class_names == ["cat", "dog"] and len(ds) == 7
     with pytest.warns(UserWarning, match="skipping unreadable image"):
         images, targets, skipped = collate_skipping([ds[i] for i in range(len(ds))])
@@ -148,6 +147,6 @@ def test_resumable_sampler_skips_exactly_and_shards_round_robin(repeats):
 
 def test_seeded_dataset_repeats_augmentation_for_the_same_key():
     pre = Preprocess(16, 1, (0.5,), (0.25,))
-    ds = SeededDataset(synthetic("train", 8, 2, 16, transform=build_transform(pre, True, {"reprob": 0.5})))
+    ds = SeededDataset(synthetic("train", 8, 2, 16, transform=pre.train_transform(reprob=0.5)))
     first, again, other = ds[(0, 1, 5, 3)][0], ds[(0, 1, 5, 3)][0], ds[(0, 1, 6, 3)][0]
     assert torch.equal(first, again) and not torch.equal(first, other)

@@ -15,10 +15,11 @@ from timm.data.transforms import RandomResizedCropAndInterpolation
 from torchvision import transforms
 
 from resmlp.data import synthetic
+from resmlp.data.assemble import build_data
 from resmlp.data.batch_augment import BatchAugment, array_batches, eval_batches
 from resmlp.data.samplers import ResumableSampler, sample_seed
 from resmlp.train.config import load_config
-from resmlp.train.engine import build_data, seed_step
+from resmlp.train.trainer import seed_step
 
 MEAN, STD = (0.3,), (0.2,)
 
@@ -130,22 +131,22 @@ def test_array_batches_follow_the_sampler_and_drop_the_partial_batch():
 
 def test_trainer_data_picks_the_batch_path_only_where_it_applies():
     base = {"data.kind": "synthetic", "model.img_size": 16, "data.crop_pct": 1.0}
-    data = build_data(load_config("fashion-mnist-quick", base), 1, 16)
-    assert data.train_augment is not None and data.val_preprocess is not None
+    data = build_data(load_config("fashion-mnist-quick", base).data, 1, 16, 0)
+    assert data.train_augment is not None and data.val_batched is not None
     for off in ({"data.batch_augment": False}, {"data.auto_augment": "rand-m6-mstd0.5-inc1"}):
-        assert build_data(load_config("fashion-mnist-quick", {**base, **off}), 1, 16).train_augment is None
+        assert build_data(load_config("fashion-mnist-quick", {**base, **off}).data, 1, 16, 0).train_augment is None
     # an evaluation crop (resize, then centre crop) stays on the per-image transform
-    cropped = build_data(load_config("fashion-mnist-quick", {**base, "data.crop_pct": 0.875}), 1, 16)
-    assert cropped.train_augment is not None and cropped.val_preprocess is None
+    cropped = build_data(load_config("fashion-mnist-quick", {**base, "data.crop_pct": 0.875}).data, 1, 16, 0)
+    assert cropped.train_augment is not None and cropped.val_batched is None
 
 
 @pytest.mark.parametrize("permute", ["none", "global"])
 def test_batched_evaluation_equals_the_per_image_transform(permute):
     cfg = load_config("fashion-mnist-quick", {"data.kind": "synthetic", "model.img_size": 16, "data.crop_pct": 1.0,
                                               "data.permute": permute})
-    data = build_data(cfg, 1, 16)
+    data = build_data(cfg.data, 1, 16, cfg.train.seed)
     per_image = torch.stack([data.val[i][0] for i in range(len(data.val))])
-    batches = list(eval_batches(data.val, range(len(data.val)), 10, data.val_preprocess))
+    batches = list(eval_batches(data.val, range(len(data.val)), 10, data.val_batched))
     assert [len(t) for _, t, _ in batches] == [10] * 6 + [4]  # 64 images: the partial batch is kept
     torch.testing.assert_close(torch.cat([x for x, _, _ in batches]), per_image, atol=1e-5, rtol=0)
     assert torch.cat([t for _, t, _ in batches]).tolist() == data.val.targets
@@ -155,6 +156,7 @@ def test_step_seeds_are_the_same_in_every_process():
     # resume and DDP rely on it: a str in the seeded tuple would hash differently per process
     seed_step(3, 11, 1)
     here = torch.rand(4)
-    code = "import torch; from resmlp.train.engine import seed_step; seed_step(3, 11, 1); print(torch.rand(4).tolist())"
+    code = ("import torch; from resmlp.train.trainer import seed_step; seed_step(3, 11, 1); "
+            "print(torch.rand(4).tolist())")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert torch.tensor(eval(there)).equal(here)

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from resmlp.data import Preprocess, build_dataset, build_transform, dataset_stats
+from resmlp.data import build_dataset, dataset_stats
 from resmlp.data.permute import PixelPermutation, pixel_permutation
+from resmlp.preprocess import Preprocess
 
 
 @pytest.mark.parametrize("mode", ["patch", "global"])
@@ -61,7 +62,7 @@ def test_transform_moves_values_and_checks_size():
 
 def test_build_dataset_applies_the_same_permutation_to_both_splits():
     mean, std = dataset_stats("synthetic", 1)
-    transform = build_transform(Preprocess(16, 1, mean, std, crop_pct=1.0), training=False)
+    transform = Preprocess(16, 1, mean, std, crop_pct=1.0).eval_transform()
     kw = dict(data_dir=None, in_chans=1, transform=transform, synthetic_size=(8, 8), img_size=16)
     plain = build_dataset("synthetic", "train", **kw)
     permuted = build_dataset("synthetic", "train", permute="patch", permute_patch=4, permute_seed=7, **kw)

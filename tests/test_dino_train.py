@@ -9,9 +9,11 @@ import torch
 
 import resmlp
 from resmlp.cli import main
+from resmlp.runtime import DistInfo
+from resmlp.train import pretrain_dino
 from resmlp.train.config import load_config
-from resmlp.train.dino_trainer import DINOTrainer, pretrain_dino
-from resmlp.train.distributed import DistInfo
+from resmlp.train.dino import DINOTask
+from resmlp.train.trainer import Trainer
 
 TINY = {
     "data.kind": "synthetic", "data.num_workers": 0, "data.crop_pct": 1.0, "data.synthetic_size": [64, 32],
@@ -29,9 +31,10 @@ def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_dino_steps_teacher_ema_and_frozen_last_layer(tmp_path):
     cfg = load_config("dino-fashion-mnist", TINY)
-    trainer = DINOTrainer(cfg, tmp_path / "run", CPU, False, None)
+    task = DINOTask(cfg)
+    trainer = Trainer(cfg, tmp_path / "run", CPU, False, task)
     trainer.t0 = 0.0
-    teacher = trainer.ema.module
+    teacher = task.teacher.module
     assert all(not p.requires_grad for p in teacher.parameters())
     last = trainer.model.head.last_layer.parametrizations.weight.original1
     last0, teacher0, student0 = last.detach().clone(), _params(teacher), _params(trainer.model.backbone)
@@ -42,7 +45,7 @@ def test_dino_steps_teacher_ema_and_frozen_last_layer(tmp_path):
     assert any(not torch.equal(moved[k], teacher0[k]) for k in teacher0), "the EMA teacher must move"
     assert all(p.grad is None for p in teacher.parameters())
     decays = sorted({g["weight_decay"] for g in trainer.optimizer.param_groups})
-    assert decays == [0.0, trainer.weight_decay[3]] and trainer.weight_decay[3] > cfg.optim.weight_decay  # rising
+    assert decays == [0.0, task.weight_decay[3]] and task.weight_decay[3] > cfg.optim.weight_decay  # rising
     trainer.epoch = 1
     trainer.step_in_epoch = 0
     trainer._train_epoch()

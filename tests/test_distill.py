@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import pytest
@@ -11,15 +12,17 @@ import torch.nn.functional as F
 
 import resmlp
 from resmlp.cli import main
+from resmlp.runtime import DistInfo
 from resmlp.train import train
 from resmlp.train.config import load_config
-from resmlp.train.distill import (
+from resmlp.train.losses import (
     DistillationLoss,
-    build_distillation_loss,
     hard_distillation_loss,
     soft_distillation_loss,
+    supervised_loss,
 )
-from resmlp.train.engine import supervised_loss
+from resmlp.train.tasks import task_for
+from resmlp.train.trainer import Trainer
 
 TINY = {
     "data.kind": "synthetic", "data.hflip": 0.0, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0],
@@ -83,7 +86,7 @@ def test_teacher_gets_no_gradient_sees_mixed_images_and_student_learns():
 def test_convnet_teacher_trained_by_the_engine_then_distilled_from_the_cli(tmp_path):
     teacher_run = train("fashion-mnist-teacher", tmp_path / "teacher",
                         {**{k: v for k, v in TINY.items() if not k.startswith("model.")},
-                         "model.name": "resnet10t", "model.img_size": 16, "model.in_chans": 1})
+                         "model.name": "timm:resnet10t", "model.img_size": 16, "model.in_chans": 1})
     teacher = resmlp.load(teacher_run["checkpoint"])
     assert isinstance(teacher, timm.models.ResNet) and teacher.num_classes == 4
     out = tmp_path / "student"
@@ -97,9 +100,15 @@ def test_convnet_teacher_trained_by_the_engine_then_distilled_from_the_cli(tmp_p
 
 @pytest.mark.parametrize("teacher", ["timm:resnet10t", "torchvision:resnet18"])
 def test_library_teachers_and_class_count_mismatch(tmp_path, teacher):
-    ok = train("fashion-mnist-quick", tmp_path / "ok",
-               {**TINY, "distill.teacher": teacher, "data.synthetic_size": [16, 16]})
-    assert ok["epochs"] == 1
+    # a library teacher without weights is refused unless random weights are asked for explicitly
+    with pytest.raises(ValueError, match="has no weights.*--allow-random-teacher"):
+        train("fashion-mnist-quick", tmp_path / "random", {**TINY, "distill.teacher": teacher})
+    ok = train("fashion-mnist-quick", tmp_path / "ok", {**TINY, "distill.teacher": teacher,
+                                                        "distill.allow_random_teacher": True,
+                                                        "data.synthetic_size": [16, 16]})
+    assert ok["epochs"] == 1 and ok["task"] == "distillation"
+    assert ok["teacher"]["spec"] == teacher and ok["teacher"]["weights"] is None
+    assert 0 <= ok["teacher"]["val_top1"] <= 100
     # weights of a 10-class teacher do not fit the 4-class dataset: an error before any step
     net = (timm.create_model("resnet10t", num_classes=10, in_chans=1) if teacher.startswith("timm")
            else __import__("torchvision").models.resnet18(num_classes=10))
@@ -151,5 +160,9 @@ def test_distillation_with_teacher_cache_trains_the_same_weights(tmp_path):
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     # and the config's switch reaches the engine's loss
     cfg = load_config("fashion-mnist-distill", {**common, "distill.cache": True})
-    loss = build_distillation_loss(cfg, supervised_loss(cfg, 4), 4, torch.device("cpu"))
-    assert loss.cache == {}
+    trainer = Trainer(cfg, tmp_path / "unused", DistInfo(1, 0, 0, torch.device("cpu")), False, task_for(cfg))
+    assert trainer.loss_fn.cache == {}
+    # the teacher is recorded in summary.json: its file's hash and its own accuracy
+    teacher_record = runs[True]["teacher"]
+    assert teacher_record["weights_sha256"] == hashlib.sha256((tmp_path / "t.safetensors").read_bytes()).hexdigest()
+    assert 0 <= teacher_record["val_top1"] <= 100

@@ -12,10 +12,11 @@ import torch
 import resmlp
 from resmlp.checkpoint import export_checkpoint
 from resmlp.cli import main
+from resmlp.runtime import DistInfo
+from resmlp.train import finetune
 from resmlp.train.config import load_config
-from resmlp.train.distributed import DistInfo
-from resmlp.train.engine import Trainer
-from resmlp.train.finetune import finetune, load_start, model_section
+from resmlp.train.tasks import FinetuneTask, task_for
+from resmlp.train.trainer import Trainer
 
 TINY = {
     "data.kind": "synthetic", "data.hflip": 0.0, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0],
@@ -35,13 +36,15 @@ def source(tmp_path):
     return model, path
 
 
-def _trainer(tmp_path, path, **finetune_kw):
-    cfg = load_config("fashion-mnist-quick", TINY)
-    start = load_start(path, finetune_kw.get("img_size"))
-    raw = cfg.to_dict()
-    raw["model"] = model_section(start, cfg.model)
-    raw["finetune"] = {"checkpoint": str(path), **finetune_kw}
-    return Trainer(load_config(raw), tmp_path / "run", CPU, False, None)
+def _trainer(tmp_path, path, overrides=None, **finetune_kw):
+    """A fine-tuning run's trainer: the checkpoint is the model (model.name), the recipe's architecture keys go."""
+    raw = load_config("fashion-mnist-quick", {**TINY, **(overrides or {})}).to_dict()
+    raw["model"] = {"name": str(path)}
+    raw["finetune"] = finetune_kw
+    cfg = load_config(raw)
+    task = task_for(cfg)
+    assert isinstance(task, FinetuneTask) and cfg.task_name == "finetune"
+    return Trainer(cfg, tmp_path / "run", CPU, False, task)
 
 
 def test_weights_carried_new_head_and_freezing(tmp_path, source):
@@ -60,11 +63,7 @@ def test_weights_carried_new_head_and_freezing(tmp_path, source):
 
 def test_layer_decay_gives_deeper_layers_larger_lr(tmp_path, source):
     _, path = source
-    cfg = load_config("fashion-mnist-quick", {**TINY, "optim.layer_decay": 0.5})
-    raw = cfg.to_dict()
-    raw["model"] = model_section(load_start(path), cfg.model)
-    raw["finetune"] = {"checkpoint": str(path)}
-    trainer = Trainer(load_config(raw), tmp_path / "run", CPU, False, None)
+    trainer = _trainer(tmp_path, path, {"optim.layer_decay": 0.5})
     scales = sorted({g["lr_scale"] for g in trainer.optimizer.param_groups})
     assert len(scales) >= 4 and scales[-1] == 1.0 and scales[0] == pytest.approx(0.5 ** (len(scales) - 1))
 

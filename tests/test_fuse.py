@@ -7,7 +7,7 @@ import torch
 from conftest import build_fast, make_trained_like_
 
 import resmlp
-from resmlp.fuse import FusedBlock
+from resmlp.folding import FusedBlock
 from resmlp.models.registry import PRESETS, model_config
 
 # Presets above ~10 GMACs or 100M parameters are checked at a 4x4 patch grid (same widths, depth,

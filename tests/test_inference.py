@@ -9,8 +9,9 @@ import torch
 from conftest import TINY, build_fast
 from PIL import Image
 
-from resmlp.inference import CastingWrapper, Preprocess, TokenMajorResMLP, optimize, predict
+from resmlp.inference import CastingWrapper, TokenMajorResMLP, optimize, predict
 from resmlp.models.resmlp import ResMLPConfig
+from resmlp.preprocess import Preprocess
 
 TOKEN_MAJOR = [dict(), dict(pos_embed=True), dict(layerscale=False), dict(act="relu")]
 GENERIC = [dict(cross_patch="mlp", norm="layernorm", layerscale=False), dict(pooling="class_mlp"),

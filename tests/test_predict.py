@@ -12,8 +12,9 @@ from PIL import Image
 
 import resmlp
 from resmlp.cli import main
-from resmlp.inference import Preprocess, optimize
+from resmlp.inference import optimize
 from resmlp.models.resmlp import ResMLPConfig
+from resmlp.preprocess import Preprocess
 
 CLASSES = [f"c{i}" for i in range(7)]
 

@@ -12,7 +12,7 @@ from resmlp.train.config import RECIPES, load_config, parse_overrides
 def test_shipped_recipes_validate(name, tmp_path):
     cfg = load_config(name, {"data.dir": str(tmp_path)} if name in ("deit", "old-fashioned") else None)
     assert cfg.recipe == name
-    if not cfg.is_timm_model:  # a timm architecture (the convnet teacher) has no ResMLPConfig
+    if cfg.model_name.kind == "preset":  # a timm architecture (the convnet teacher) has no ResMLPConfig
         cfg.model_config(num_classes=10)  # the model section builds
 
 

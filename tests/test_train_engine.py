@@ -14,10 +14,12 @@ from PIL import Image
 
 import resmlp
 from resmlp.cli import main
-from resmlp.train import NonFiniteLossError, SupervisedLoss, train
+from resmlp.runtime import DistInfo
+from resmlp.train import NonFiniteLossError, train
 from resmlp.train.config import load_config
-from resmlp.train.distributed import DistInfo
-from resmlp.train.engine import Trainer
+from resmlp.train.losses import SupervisedLoss, supervised_loss
+from resmlp.train.tasks import SupervisedTask, task_for
+from resmlp.train.trainer import Trainer
 
 TINY = {
     "data.kind": "synthetic", "data.hflip": 0.0, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0],
@@ -55,13 +57,15 @@ def test_train_writes_everything_and_learns(tmp_path):
     # an existing run is never overwritten by accident
     with pytest.raises(ValueError, match="already holds a run.*--resume"):
         train("fashion-mnist-quick", out, overrides=TINY)
-    with pytest.raises(ValueError, match="trained with different optim, schedule"):
-        train("fashion-mnist-quick", out, overrides={**TINY, "optim.lr": 1e-2}, resume=True)
+    with pytest.raises(ValueError, match=r"different settings:\n  optim.name: was 'adamw', now 'sgd'"):
+        train("fashion-mnist-quick", out, overrides={**TINY, "schedule.epochs": 3, "optim.name": "sgd"}, resume=True)
+    with pytest.raises(ValueError, match="extend a run, not shorten it"):
+        train("fashion-mnist-quick", out, overrides=TINY, resume=True)  # 2 epochs < the run's 3
 
 
 def test_no_weight_decay_on_affine_layerscale_bias():
     cfg = load_config("fashion-mnist-quick", {**TINY, "optim.weight_decay": 0.2})
-    trainer = Trainer(cfg, Path("/nonexistent-run"), CPU, False, None)
+    trainer = Trainer(cfg, Path("/nonexistent-run"), CPU, False, task_for(cfg))
     decay_of = {id(p): g["weight_decay"] for g in trainer.optimizer.param_groups for p in g["params"]}
     for name, p in trainer.model.named_parameters():
         expected = 0.0 if p.ndim <= 1 else 0.2
@@ -72,7 +76,7 @@ def test_no_weight_decay_on_affine_layerscale_bias():
 def initial_weights(overrides: dict) -> dict[str, torch.Tensor]:
     """The weights a run with these overrides starts from (same seed, same construction as train())."""
     cfg = load_config("fashion-mnist-quick", overrides)
-    model = Trainer(cfg, Path("/nonexistent-run"), CPU, False, None).model
+    model = Trainer(cfg, Path("/nonexistent-run"), CPU, False, task_for(cfg)).model
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -90,14 +94,20 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     calls = {"n": 0}
     supervised = torch.nn.CrossEntropyLoss()
 
-    def loss_fn(model, images, targets):  # the pluggable loss hook; turns NaN at the 4th step
+    def loss_fn(model, images, targets):  # a task's loss; turns NaN at the 4th step
         calls["n"] += 1
         loss = supervised(model(images), targets)
         return loss * float("nan") if calls["n"] == 4 else loss
 
+    class NaNAtStepFour(SupervisedTask):
+        def build_loss(self, trainer, num_classes):
+            return loss_fn
+
     out = tmp_path / "run"
     with pytest.raises(NonFiniteLossError, match=r"loss became nan at epoch 1, step 4.*last.pth is intact"):
-        train("fashion-mnist-quick", out, overrides={**TINY, "train.checkpoint_every_steps": 3}, loss_fn=loss_fn)
+        overrides = {**TINY, "train.checkpoint_every_steps": 3}
+        train("fashion-mnist-quick", out, overrides=overrides,
+              task=NaNAtStepFour(load_config("fashion-mnist-quick", overrides)))
     state = torch.load(out / "last.pth", weights_only=True)
     assert state["global_step"] == 3 and state["step_in_epoch"] == 3
     assert all(torch.isfinite(v).all() for v in state["model"].values())
@@ -106,8 +116,6 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 def test_supervised_loss_with_mixup_handles_odd_batches():
     cfg = load_config("fashion-mnist-quick", {**TINY, "data.mixup": 0.8, "data.cutmix": 1.0,
                                               "loss.label_smoothing": 0.1})
-    from resmlp.train.engine import supervised_loss
-
     loss = supervised_loss(cfg, 4)
     assert isinstance(loss, SupervisedLoss) and loss.mixup is not None
     model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=4, dim=16, depth=1)

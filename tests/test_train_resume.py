@@ -27,17 +27,20 @@ OVERRIDES = {
 KILLED_CHILD = """
 import json, os, signal, sys
 from resmlp.train import train
-from resmlp.train.engine import supervised_loss
 from resmlp.train.config import load_config
+from resmlp.train.tasks import SupervisedTask
 overrides = json.loads(sys.argv[2])
-inner = supervised_loss(load_config("fashion-mnist-quick", overrides), 4)
-calls = {"n": 0}
-def loss_fn(model, images, targets):
-    calls["n"] += 1
-    if calls["n"] == 9:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return inner(model, images, targets)
-train("fashion-mnist-quick", sys.argv[1], overrides=overrides, loss_fn=loss_fn)
+class KillAtStepNine(SupervisedTask):
+    def build_loss(self, trainer, num_classes):
+        inner, calls = super().build_loss(trainer, num_classes), {"n": 0}
+        def loss_fn(model, images, targets):
+            calls["n"] += 1
+            if calls["n"] == 9:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return inner(model, images, targets)
+        return loss_fn
+cfg = load_config("fashion-mnist-quick", overrides)
+train(cfg, sys.argv[1], task=KillAtStepNine(cfg))
 """
 
 

@@ -1,22 +1,79 @@
-"""resmlp: ResMLP and MLP-Mixer in PyTorch, with the paper's training, analyses and fast inference."""
+"""resmlp: ResMLP and MLP-Mixer in PyTorch, with the paper's training, analyses and fast inference.
 
-from resmlp.checkpoint import export_checkpoint, load, load_checkpoint, read_metadata, save
-from resmlp.fuse import fuse
-from resmlp.models import ResMLP, ResMLPConfig, create_model, list_models
-from resmlp.models.registry import register_with_timm
+Importing the package is cheap (the command line's --help must not load torch): the public names and the
+submodules (resmlp.inference, resmlp.train, resmlp.transfer, ...) are loaded on first use. Our presets are
+registered with timm as soon as timm is imported, whether that happens before or after `import resmlp`, so
+`timm.create_model("resmlp_s12")` works after `import resmlp`.
+"""
 
-register_with_timm()
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from typing import Any
 
 __version__ = "0.1.0"
-__all__ = [
-    "ResMLP",
-    "ResMLPConfig",
-    "create_model",
-    "export_checkpoint",
-    "fuse",
-    "list_models",
-    "load",
-    "load_checkpoint",
-    "read_metadata",
-    "save",
-]
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "ResMLP": "resmlp.models", "ResMLPConfig": "resmlp.models", "create_model": "resmlp.models",
+    "list_models": "resmlp.models", "export_checkpoint": "resmlp.checkpoint", "load": "resmlp.checkpoint",
+    "load_checkpoint": "resmlp.checkpoint", "read_metadata": "resmlp.checkpoint", "save": "resmlp.checkpoint",
+    "fuse": "resmlp.folding",
+}
+_SUBMODULES = ("analysis", "build", "checkpoint", "complexity", "data", "evaluation", "export", "folding", "hostinfo",
+               "inference", "layers", "models", "preprocess", "reporting", "runtime", "seq2seq", "train", "transfer")
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"resmlp.{name}")
+    else:
+        raise AttributeError(f"module 'resmlp' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+
+
+def _register_with_timm() -> None:
+    """Importing the registry registers the presets (its last line). While our own model modules are being
+    imported (they import timm themselves) the registry is on its way and this must not import it early."""
+    chain = ("resmlp.models", "resmlp.models.registry", "resmlp.models.resmlp", "resmlp.layers")
+    if any(getattr(getattr(sys.modules.get(m), "__spec__", None), "_initializing", False) for m in chain):
+        return
+    importlib.import_module("resmlp.models.registry")
+
+
+class _AfterTimmImport(importlib.abc.MetaPathFinder):
+    """Registers our presets right after `timm` finishes importing. Python has no post-import hook, so this
+    finder wraps timm's own loader; it removes itself once it has fired."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "timm":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("timm")
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            _register_with_timm()
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+if "timm" in sys.modules:
+    _register_with_timm()
+elif not any(isinstance(f, _AfterTimmImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AfterTimmImport())

@@ -303,7 +303,17 @@ def load(path: str | Path, **overrides: Any) -> torch.nn.Module:
 
     A file written by `save` for a timm model (e.g. a convnet teacher) rebuilds that timm model.
     """
+    return load_with_metadata(path, **overrides)[0]
+
+
+def load_with_metadata(path: str | Path, **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """`load` and `read_metadata` from one read of the file: the model and the metadata saved with it."""
     tensors, meta = read_checkpoint(path)
+    return _build_from_tensors(path, tensors, meta, overrides), meta.get("extra", {})
+
+
+def _build_from_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
+                        overrides: dict[str, Any]) -> torch.nn.Module:
     if "timm" in meta:
         return _load_timm_model(path, tensors, meta["timm"], overrides)
     state_dict = to_resmlp_keys(tensors)

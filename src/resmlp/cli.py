@@ -1,4 +1,8 @@
-"""The `resmlp` command line: one sub-command per module in `resmlp.commands`."""
+"""The `resmlp` command line: one sub-command per module in `resmlp.commands`.
+
+Building the parser imports no torch: `resmlp --help` and every `resmlp CMD --help` answer at once; a
+command's own imports happen when it runs.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,20 @@ import importlib
 import os
 import sys
 
+import resmlp
+
 # each module defines register(subparsers) and gives its parsers a `run(args) -> int` default
 COMMAND_MODULES = (
     "resmlp.commands.models",
+    "resmlp.commands.train",
+    "resmlp.commands.finetune",
+    "resmlp.commands.pretrain",
+    "resmlp.commands.probe",
+    "resmlp.commands.predict",
+    "resmlp.commands.export",
     "resmlp.commands.analyze",
     "resmlp.commands.benchmark",
     "resmlp.commands.translate",
-    "resmlp.commands.train",
-    "resmlp.commands.predict",
-    "resmlp.commands.export",
-    "resmlp.commands.pretrain", "resmlp.commands.probe", "resmlp.commands.finetune",
 )
 
 
@@ -24,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="resmlp", description="ResMLP and MLP-Mixer: models, training, analysis, inference."
     )
+    parser.add_argument("--version", action="version", version=f"resmlp {resmlp.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

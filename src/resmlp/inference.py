@@ -13,14 +13,16 @@ layer (fresh allocations of that size cost page faults on every forward). Other 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from resmlp.data import Preprocess  # noqa: F401 (part of this module's API: predict's preprocessing)
-from resmlp.fuse import FusedBlock, fuse
+from resmlp.folding import FusedBlock, fuse
 from resmlp.models.resmlp import ResMLP
+from resmlp.preprocess import Preprocess
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -184,3 +186,41 @@ def predict(model: nn.Module, images: torch.Tensor, top_k: int = 5) -> tuple[tor
     """Top-k softmax probabilities and class indices, each (B, k), for a preprocessed batch."""
     probs = model(images).float().softmax(-1)
     return probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint ready for inference: the model (eval mode), its preprocessing, classes and dataset."""
+
+    model: nn.Module
+    preprocess: Preprocess
+    class_names: list[str] | None  # None: the checkpoint doesn't name its classes
+    dataset: str | None  # the dataset kind it was trained on, when its metadata says
+    metadata: dict[str, Any]
+
+    @property
+    def num_classes(self) -> int:
+        cfg = getattr(self.model, "config", None)
+        if cfg is not None:
+            return cfg.num_classes
+        return int(getattr(self.model, "num_classes", 0))
+
+    def names(self) -> list[str]:
+        """Class names, `class_<i>` where the checkpoint has none."""
+        return self.class_names or [f"class_{i}" for i in range(self.num_classes)]
+
+
+def load_for_inference(path: str | Path, dataset: str | None = None) -> LoadedModel:
+    """Read a checkpoint once: model, preprocessing (its metadata, else `dataset`'s statistics or ImageNet's),
+    class names and dataset kind."""
+    from resmlp.checkpoint import load_with_metadata
+
+    model, metadata = load_with_metadata(path)
+    model.eval()
+    pre = Preprocess.from_metadata(metadata, model, dataset=dataset or metadata.get("dataset"))
+    names = metadata.get("class_names")
+    names = [str(n) for n in names] if isinstance(names, list) else None
+    loaded = LoadedModel(model, pre, names, metadata.get("dataset"), metadata)
+    if names is not None and len(names) != loaded.num_classes:
+        loaded.class_names = None  # metadata that doesn't match the head is not trusted for names
+    return loaded

@@ -30,7 +30,6 @@ from torch import nn
 from resmlp.checkpoint import atomic_write
 from resmlp.complexity import count_gmacs, count_params
 
-DEFAULT_MODELS = "resmlp_s12,resmlp_s24,mixer_s16,deit_small_patch16_224,resnet50,resmlp_12_224"
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 CSV_COLUMNS = (
     "model",
@@ -322,7 +321,7 @@ def run_benchmark(
 
 def measure_accuracies(specs: list[ModelSpec], data: str, data_dir: str | None, device: str) -> dict[str, float]:
     """Test top-1 of every checkpoint-file model on `data` (resmlp.train.evaluate, with its preprocessing)."""
-    from resmlp.train.evaluate import evaluate
+    from resmlp.evaluation import evaluate
 
     files = [s for s in specs if s.name.endswith(CHECKPOINT_SUFFIXES)]
     if not files:

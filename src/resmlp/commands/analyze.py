@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from resmlp.commands.common import add_output_argument
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -13,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(Mixer), patch-embedding units and per-layer sparsity, plus the numbers as JSON/CSV/NPZ.",
     )
     p.add_argument("checkpoint", help="a model file: ours (.safetensors), timm's or DeiT's (.pth)")
-    p.add_argument("--out", required=True, help="output directory (created if missing)")
+    add_output_argument(p, required=True, help="output directory (created if missing)")
     p.add_argument(
         "--layers",
         type=_layer_list,
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = load(args.checkpoint).eval()
     report = write_report(
-        model, args.out, layers=args.layers, threshold=args.threshold, source=args.checkpoint
+        model, args.output, layers=args.layers, threshold=args.threshold, source=args.checkpoint
     )
     for name in report.figures:
         print(f"wrote {report.out_dir / name}")

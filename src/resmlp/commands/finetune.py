@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from resmlp.train.config import RECIPES, parse_overrides
+from resmlp.commands.common import add_training_arguments, training_overrides
 
 
 def _freeze(value: str) -> int | str:
@@ -20,27 +20,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Start from CHECKPOINT with a new head for the dataset's classes; optional "
                                    "resolution change, freezing and layer-wise lr decay.")
     p.add_argument("checkpoint", help="a ResMLP/Mixer checkpoint: ours, a DINO backbone, timm's or DeiT's")
-    p.add_argument("--recipe", default="fashion-mnist-quick",
-                   help=f"recipe name ({', '.join(RECIPES)}) or YAML file: data, optimiser, schedule")
-    p.add_argument("--output", required=True, help="run folder")
+    add_training_arguments(p, "fashion-mnist-quick")
     p.add_argument("--img-size", type=int, help="new input resolution (cross-patch weights resized)")
     p.add_argument("--freeze", type=_freeze, metavar="N_BLOCKS|all-but-head",
                    help="freeze the stem and the first N blocks, or everything but the head")
     p.add_argument("--layer-decay", type=float, help="layer-wise lr decay, e.g. 0.75")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--epochs", type=int, help="= --set schedule.epochs=N")
-    p.add_argument("--data-dir", help="= --set data.dir=DIR")
-    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="STATE")
     p.set_defaults(run=run_finetune)
 
 
 def run_finetune(args: argparse.Namespace) -> int:
-    from resmlp.train.finetune import finetune
+    from resmlp.commands.train import print_summary
+    from resmlp.train import finetune
 
-    flags = {"schedule.epochs": args.epochs, "data.dir": args.data_dir}
-    overrides = {**{k: v for k, v in flags.items() if v is not None}, **parse_overrides(args.overrides)}
-    summary = finetune(args.checkpoint, args.recipe, args.output, overrides, args.img_size, args.freeze,
-                       args.layer_decay, args.resume)
-    print(f"test top-1 {summary['test_top1']:.2f}% after {summary['epochs']} epochs in {summary['wall_seconds']:.0f}s"
-          f"\n  best checkpoint: {summary['checkpoint']}\n  summary:         {args.output}/summary.json")
+    if args.flag_model or args.input_size:
+        raise ValueError("finetune takes its model from CHECKPOINT: drop --model / --input-size (use --img-size "
+                         "for a new resolution)")
+    summary = finetune(args.checkpoint, args.recipe, args.output, training_overrides(args), args.img_size,
+                       args.freeze, args.layer_decay, args.resume)
+    print_summary(summary, args.output)
     return 0

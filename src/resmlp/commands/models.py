@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from resmlp.complexity import complexity
-from resmlp.models.registry import PRESETS, PUBLISHED, TABLE3_ROWS, model_config
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list presets and Table 3 ablation rows with params and GMACs")
@@ -17,6 +14,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def rows() -> list[dict]:
     """Presets first, then the Table 3 rows; params and GMACs measured at the preset's resolution."""
+    from resmlp.complexity import complexity
+    from resmlp.models.registry import PRESETS, PUBLISHED, TABLE3_ROWS, model_config
+
     out = []
     for name in PRESETS:
         params, gmacs = complexity(model_config(name))

@@ -7,6 +7,7 @@ import csv
 import glob
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="classify images with a checkpoint (top-k classes and probabilities)")
-    p.add_argument("checkpoint", help="a .safetensors checkpoint of this project, or a timm / DeiT weight file")
+    p.add_argument("checkpoint", help="a .safetensors checkpoint of this project, a timm / DeiT weight file, or a "
+                                      "run folder")
     p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
     p.add_argument("--top-k", type=int, default=5, help="classes to report per image (default 5)")
     p.add_argument("--output", type=Path, help="also write the predictions to FILE.json or FILE.csv")
@@ -42,46 +44,43 @@ def expand_inputs(items: list[str]) -> tuple[list[Path], list[dict[str, str]]]:
     return list(dict.fromkeys(paths)), errors
 
 
-def _class_names(metadata: dict[str, Any], num_classes: int) -> list[str]:
-    names = metadata.get("class_names")
-    if isinstance(names, list) and len(names) == num_classes:
-        return [str(n) for n in names]
-    return [f"class_{i}" for i in range(num_classes)]
-
-
 def classify(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, str]], str]:
     """Predictions per readable image, errors per unreadable input, and where preprocessing came from."""
     import torch
 
-    import resmlp
-    from resmlp.inference import Preprocess, optimize, predict
+    from resmlp.evaluation import resolve_checkpoint
+    from resmlp.inference import load_for_inference, optimize, predict
 
     if args.top_k < 1 or args.batch_size < 1:
         raise ValueError("--top-k and --batch-size must be at least 1")
-    model = resmlp.load(args.checkpoint).eval()
-    if model.config.num_classes == 0:
+    loaded = load_for_inference(resolve_checkpoint(args.checkpoint))
+    if loaded.num_classes == 0:
         raise ValueError(f"{args.checkpoint} has no classifier head (num_classes=0): nothing to predict")
-    metadata = resmlp.read_metadata(args.checkpoint)
-    pre = Preprocess.from_metadata(metadata, model)
-    names = _class_names(metadata, model.config.num_classes)
-    fast = optimize(model, args.precision)
+    top_k = min(args.top_k, loaded.num_classes)  # a 10-class model has no 11th guess
+    names, transform = loaded.names(), loaded.preprocess.eval_transform()
+    fast = optimize(loaded.model, args.precision)
     paths, errors = expand_inputs(args.images)
     results: list[dict[str, Any]] = []
-    for start in range(0, len(paths), args.batch_size):
+    batches = range(0, len(paths), args.batch_size)
+    if len(paths) > args.batch_size:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(batches, desc="predict", unit="batch", dynamic_ncols=True, file=sys.stderr)
+    for start in batches:
         batch, kept = [], []
         for path in paths[start:start + args.batch_size]:
             try:
-                batch.append(pre.load(path))
+                batch.append(loaded.preprocess.load(path, transform))
                 kept.append(path)
             except ValueError as e:
                 errors.append(dict(file=str(path), error=str(e)))
         if not batch:
             continue
-        probs, indices = predict(fast, torch.stack(batch), args.top_k)
+        probs, indices = predict(fast, torch.stack(batch), top_k)
         for path, p, i in zip(kept, probs.tolist(), indices.tolist(), strict=True):
             results.append(dict(file=str(path), top_k=[dict(class_id=c, class_name=names[c], probability=q)
                                                         for c, q in zip(i, p, strict=True)]))
-    return results, errors, pre.source
+    return results, errors, loaded.preprocess
 
 
 def write_output(path: Path, results: list[dict[str, Any]], errors: list[dict[str, str]]) -> None:
@@ -109,14 +108,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output is not None and args.output.suffix.lower() not in (".json", ".csv"):
         raise ValueError(f"--output must end in .json or .csv, got {args.output.name}")
-    results, errors, source = classify(args)
+    results, errors, pre = classify(args)
     console = Console()
-    if source == "defaults":
-        console.print("[yellow]checkpoint has no preprocessing metadata: using the ImageNet preset defaults "
-                      "(mean/std of ImageNet, crop 0.9, bicubic)[/yellow]")
+    if pre.source == "defaults":
+        console.print(f"[yellow]checkpoint has no preprocessing metadata: using the ImageNet preset defaults "
+                      f"(ImageNet's mean/std, crop {pre.crop_pct}, {pre.interpolation}: timm's)[/yellow]")
     table = Table(title=f"Predictions ({args.precision})")
     table.add_column("file")
-    for rank in range(1, args.top_k + 1):
+    for rank in range(1, min(args.top_k, max((len(r["top_k"]) for r in results), default=0)) + 1):
         table.add_column(f"#{rank}")
     for r in results:
         table.add_row(r["file"], *(f"{t['class_name']} {t['probability']:.1%}" for t in r["top_k"]))

@@ -1,10 +1,10 @@
-"""`resmlp pretrain dino`: self-supervised DINO pre-training on the training engine."""
+"""`resmlp pretrain dino`: self-supervised DINO pre-training (the DINO task of the trainer)."""
 
 from __future__ import annotations
 
 import argparse
 
-from resmlp.train.config import parse_overrides
+from resmlp.commands.common import add_training_arguments, training_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,25 +13,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = methods.add_parser("dino", help="DINO: student/EMA-teacher self-distillation with multi-crop",
                            description="DINO pre-training; writes OUTPUT/summary.json with knn_top1 and the "
                                        "teacher backbone as OUTPUT/best.safetensors.")
-    d.add_argument("--recipe", default="dino-fashion-mnist", help="recipe name or YAML file (with a dino section)")
-    d.add_argument("--output", required=True, help="run folder")
-    d.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a recipe key (repeatable), e.g. --set dino.num_local=2")
-    d.add_argument("--resume", nargs="?", const=True, default=False, metavar="STATE")
-    d.add_argument("--epochs", type=int, help="= --set schedule.epochs=N")
-    d.add_argument("--data-dir", help="= --set data.dir=DIR")
+    add_training_arguments(d, "dino-fashion-mnist")
     d.set_defaults(run=run_dino)
 
 
 def run_dino(args: argparse.Namespace) -> int:
-    from resmlp.train.dino_trainer import pretrain_dino
+    from resmlp.runtime import is_main_process
+    from resmlp.train import pretrain_dino
 
-    flags = {"schedule.epochs": args.epochs, "data.dir": args.data_dir}
-    overrides = {**{k: v for k, v in flags.items() if v is not None}, **parse_overrides(args.overrides)}
-    summary = pretrain_dino(args.recipe, args.output, overrides, args.resume)
-    print(f"k-NN top-1 {summary['knn_top1']:.2f}% after {summary['epochs']} epochs in {summary['wall_seconds']:.0f}s\n"
-          f"  teacher backbone: {summary['checkpoint']}\n"
-          f"  summary:          {args.output}/summary.json\n"
-          f"  linear probe:     resmlp eval-linear {summary['checkpoint']} --data {summary['dataset']}\n"
-          f"  fine-tune:        resmlp finetune {summary['checkpoint']} --recipe fashion-mnist-quick --output DIR")
+    summary = pretrain_dino(args.recipe, args.output, training_overrides(args), args.resume)
+    if is_main_process():
+        print(f"k-NN top-1 {summary['knn_top1']:.2f}% after {summary['epochs']} epochs in "
+              f"{summary['wall_seconds']:.0f}s\n"
+              f"  teacher backbone: {summary['checkpoint']}\n"
+              f"  summary:          {args.output}/summary.json\n"
+              f"  linear probe:     resmlp eval-linear {summary['checkpoint']} --data {summary['dataset']}\n"
+              f"  fine-tune:        resmlp finetune {summary['checkpoint']} --recipe fashion-mnist-quick --output DIR")
     return 0

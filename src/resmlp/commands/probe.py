@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from resmlp.data import KINDS
+from resmlp.commands.common import add_output_argument, add_threads_argument
+from resmlp.commands.train import DATA_KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,10 +15,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         p = sub.add_parser(f"eval-{method}", help=f"accuracy of {text}",
                            description=f"Accuracy of {text}: the train split is the memory/training set, the "
                                        "val split (test set) is classified. Prints and writes summary.json.")
-        p.add_argument("checkpoint", help="any checkpoint: ours, a DINO backbone, timm's or DeiT's ResMLP")
-        p.add_argument("--data", default="fashion-mnist", help=f"dataset kind ({', '.join(KINDS)}) or a folder")
+        p.add_argument("checkpoint", help="any checkpoint (ours, a DINO backbone, timm's or DeiT's) or a run folder")
+        p.add_argument("--data", default="fashion-mnist", help=f"dataset kind ({', '.join(DATA_KINDS)}) or a folder")
         p.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
-        p.add_argument("--output", help="folder for summary.json")
+        add_output_argument(p, help="folder for summary.json")
+        add_threads_argument(p)
         p.add_argument("--batch-size", type=int, default=256)
         p.add_argument("--device", default="auto")
         if method == "knn":
@@ -27,10 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_probe(args: argparse.Namespace) -> int:
+    from resmlp.runtime import process_settings
     from resmlp.train.probe import frozen_feature_eval
 
     extra = dict(k=args.k, temperature=args.temperature) if args.method == "knn" else {}
-    summary = frozen_feature_eval(args.checkpoint, args.method, args.data, args.data_dir, args.output,
-                                  args.batch_size, device=args.device, **extra)
+    with process_settings(args.threads):
+        summary = frozen_feature_eval(args.checkpoint, args.method, args.data, args.data_dir, args.output,
+                                      args.batch_size, device=args.device, progress=True, **extra)
     print(json.dumps(summary))
     return 0

@@ -185,3 +185,6 @@ def register_with_timm() -> None:
     for name in PRESETS:
         if not is_model(name):
             register_model(_timm_entrypoint(name))
+
+
+register_with_timm()  # `import resmlp` + `import timm`, in either order, make every preset a timm model

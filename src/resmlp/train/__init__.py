@@ -1,7 +1,6 @@
-"""Training and evaluation: `train(recipe, output_dir, overrides)` and `evaluate(checkpoint, data)`."""
+"""Training: `train(recipe, output_dir, overrides)`, `finetune(...)`, `pretrain_dino(...)`; tasks in `tasks`."""
 
 from resmlp.train.config import RECIPES, TrainConfig, load_config
-from resmlp.train.engine import NonFiniteLossError, SupervisedLoss, train
-from resmlp.train.evaluate import evaluate
+from resmlp.train.trainer import NonFiniteLossError, finetune, pretrain_dino, train
 
-__all__ = ["RECIPES", "NonFiniteLossError", "SupervisedLoss", "TrainConfig", "evaluate", "load_config", "train"]
+__all__ = ["RECIPES", "NonFiniteLossError", "TrainConfig", "finetune", "load_config", "pretrain_dino", "train"]

@@ -1,8 +1,10 @@
 """Training configuration: recipe YAML + overrides -> a validated `TrainConfig`, checked before any work.
 
 Sections and keys (see the recipes in resmlp/recipes/*.yaml for documented examples):
-model (a preset name plus any ResMLPConfig field, or a timm model name plus its arguments), data, optim,
-schedule, loss, train, and the optional distill, finetune and dino sections.
+task (supervised, distillation, finetune or dino; inferred when unset), model (`name` in the one model grammar
+of resmlp.build -- a preset plus any ResMLPConfig field, timm:NAME / torchvision:NAME plus constructor
+arguments, or a checkpoint file to fine-tune), data, optim, schedule, loss, train, and the distill, finetune
+and dino sections. `parse_overrides` is the project's one parser of `key=value` overrides.
 """
 
 from __future__ import annotations
@@ -18,9 +20,14 @@ from typing import Any
 
 import yaml
 
+from resmlp.build import ModelName, model_input, parse_model_name
 from resmlp.data import KINDS
-from resmlp.models.registry import PRESETS, model_config
+from resmlp.models.registry import model_config
 from resmlp.models.resmlp import ResMLPConfig
+
+TASKS = ("supervised", "distillation", "finetune", "dino")
+# ResMLPConfig fields that are training hyper-parameters: a fine-tuning run may set them, its checkpoint not
+TRAINING_FIELDS = ("drop_rate", "drop_path_rate")
 
 
 @dataclass
@@ -79,19 +86,19 @@ class LossConfig:
 
 @dataclass
 class DistillConfig:
-    teacher: str | None = None  # checkpoint file, timm:NAME or torchvision:NAME; None: no distillation
+    teacher: str | None = None  # a model name (resmlp.build): checkpoint file, timm:NAME, torchvision:NAME
     type: str = "hard"  # hard (DeiT's: teacher argmax as a second label) | soft (KL at temperature tau)
     alpha: float = 0.5  # soft: weight of the KL term
     tau: float = 1.0  # soft: temperature
-    weights: str | None = None  # weights file for a timm:/torchvision: teacher; None: random init
+    weights: str | None = None  # weights file for a timm:/torchvision: teacher
+    allow_random_teacher: bool = False  # a timm:/torchvision: teacher without weights is refused unless this is set
     # keep each distinct training image's teacher output (in memory, keyed by its pixels): pays off when the
     # augmentation yields few distinct images (no crops, erasing, Mixup/CutMix, RandAugment; flips allowed)
     cache: bool = False
 
 
 @dataclass
-class FinetuneConfig:
-    checkpoint: str | None = None  # start from this checkpoint (ours, timm, DeiT, DINO backbone); None: scratch
+class FinetuneConfig:  # used when model.name is a checkpoint file (ours, timm's, DeiT's, a DINO backbone)
     img_size: int | None = None  # new input resolution (cross-patch weights resized); None: the checkpoint's
     freeze: int | str | None = None  # N: freeze the stem and the first N blocks; all-but-head; None: train all
 
@@ -139,6 +146,7 @@ class TrainSection:
 @dataclass
 class TrainConfig:
     recipe: str = "custom"
+    task: str | None = None  # one of TASKS; None: finetune for a checkpoint model, distillation with a teacher
     model: dict[str, Any] = field(default_factory=lambda: {"name": "resmlp_s12"})
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -152,30 +160,36 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def model_name(self) -> ModelName:
+        """model.name parsed by the one model grammar (resmlp.build)."""
+        return parse_model_name(self.model["name"])
+
+    @property
+    def model_overrides(self) -> dict[str, Any]:
+        """The model section's keys besides name: ResMLPConfig fields or timm constructor arguments."""
+        return {k: v for k, v in self.model.items() if k != "name"}
+
     def model_config(self, num_classes: int | None = None) -> ResMLPConfig:
-        """The ResMLPConfig of `model` (preset + overrides); num_classes from the data unless given."""
-        overrides = {k: v for k, v in self.model.items() if k != "name"}
+        """The ResMLPConfig of a preset `model` (preset + overrides); num_classes from the data unless given."""
+        overrides = self.model_overrides
         if num_classes is not None:
             overrides.setdefault("num_classes", num_classes)
         return model_config(self.model["name"], **overrides)
 
     @property
-    def is_timm_model(self) -> bool:
-        """model.name is a timm architecture (e.g. a convnet teacher), not one of this project's presets."""
-        return is_timm_name(self.model["name"])
+    def task_name(self) -> str:
+        """`task`, or inferred: finetune for a checkpoint model, distillation with a teacher, else supervised."""
+        if self.task is not None:
+            return self.task
+        if self.model_name.kind == "file":
+            return "finetune"
+        return "distillation" if self.distill.teacher else "supervised"
 
     def input_shape(self) -> tuple[int, int]:
-        """(in_chans, img_size) the model takes; for timm models model.in_chans (3) and model.img_size (224)."""
-        if self.is_timm_model:
-            return self.model.get("in_chans", 3), self.model.get("img_size", 224)
-        cfg = self.model_config()
-        return cfg.in_chans, cfg.img_size
-
-
-def is_timm_name(name: str) -> bool:
-    import timm
-
-    return name not in PRESETS and timm.is_model(name)
+        """(in_chans, img_size) the model takes; a fine-tuning run at finetune.img_size."""
+        in_chans, img_size = model_input(self.model_name, self.model_overrides)
+        return in_chans, self.finetune.img_size or img_size
 
 
 SECTIONS = {"data": DataConfig, "optim": OptimConfig, "schedule": ScheduleConfig, "loss": LossConfig,
@@ -216,6 +230,9 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for dotted, value in parse_overrides(overrides).items():
         section, _, key = dotted.partition(".")
+        if dotted == "task":
+            raw["task"] = value
+            continue
         if not key:
             raise ValueError(f"override {dotted!r} must be section.key=value, e.g. optim.lr=1e-3")
         if section not in raw:
@@ -245,7 +262,7 @@ def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, A
 def validate(raw: dict[str, Any]) -> TrainConfig:
     """Check every section, key, type and value; raise one ValueError listing all problems."""
     errors: list[str] = []
-    known = {"recipe", "model", *SECTIONS}
+    known = {"recipe", "task", "model", *SECTIONS}
     for key in raw:
         if key not in known:
             errors.append(_unknown(key, known, "section"))
@@ -260,7 +277,11 @@ def validate(raw: dict[str, Any]) -> TrainConfig:
     if not isinstance(model, dict) or "name" not in model:
         errors.append("model: expected a mapping with at least `name` (a preset such as resmlp_s12)")
         model = {"name": "resmlp_s12"}
-    cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), model=dict(model), **sections)
+    task = raw.get("task")
+    if task is not None and task not in TASKS:
+        errors.append(f"task: {task!r} is not one of {', '.join(TASKS)}")
+        task = None
+    cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=dict(model), **sections)
     errors += _check_values(cfg)  # on the well-typed keys, so one run reports every problem
     if errors:
         raise ValueError("invalid training config:\n  " + "\n  ".join(errors))
@@ -327,6 +348,30 @@ def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
+def _check_model(cfg: TrainConfig) -> list[str]:
+    try:
+        name = cfg.model_name
+    except ValueError as e:
+        return [f"model.name: {e}"]
+    if name.kind == "preset":
+        try:
+            cfg.model_config()
+        except (ValueError, TypeError) as e:
+            return [f"model: {e}"]
+    if name.kind == "file":
+        if not Path(name.name).is_file():
+            return [f"model.name: checkpoint {name.name} does not exist"]
+        extra = sorted(set(cfg.model_overrides) - set(TRAINING_FIELDS))
+        if extra:
+            return [f"model: a checkpoint start takes only {', '.join(TRAINING_FIELDS)} besides name (its architecture "
+                    f"comes from the file), not {', '.join(extra)}; for a new resolution set finetune.img_size"]
+    if cfg.task_name == "finetune" and name.kind != "file":
+        return [f"task finetune starts from a checkpoint: model.name must be a checkpoint file, not {name}"]
+    if cfg.task_name == "distillation" and not cfg.distill.teacher:
+        return ["task distillation needs distill.teacher (a checkpoint file, timm:NAME or torchvision:NAME)"]
+    return []
+
+
 def _check_values(cfg: TrainConfig) -> list[str]:
     errors = []
     d, o, s, t = cfg.data, cfg.optim, cfg.schedule, cfg.train
@@ -335,11 +380,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
         if not cond:
             errors.append(msg)
 
-    if not cfg.is_timm_model:
-        try:
-            cfg.model_config()
-        except (ValueError, TypeError) as e:
-            errors.append(f"model: {e}")
+    errors += _check_model(cfg)
     need(d.kind in KINDS, f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}")
     if d.dir is not None:
         need(Path(d.dir).is_dir(), f"data.dir: {d.dir} does not exist or is not a folder")

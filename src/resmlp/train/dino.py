@@ -1,4 +1,14 @@
-"""DINO self-supervised pre-training pieces (Caron et al., 2021) for ResMLP and Mixer.
+"""DINO self-supervised pre-training (Caron et al., 2021) for ResMLP and Mixer: its pieces and `DINOTask`.
+
+DINOTask is a task of the trainer (resmlp.train.tasks), so the loop, checkpointing, exact resume and DDP are
+the trainer's: multi-crop training transform, student = backbone + DINO head, teacher = an EMA of the student
+(timm's ModelEmaV3) owned by the task, its momentum rising on a cosine schedule, weight decay rising on DINO's
+cosine schedule (optim.weight_decay to dino.weight_decay_end), the DINO loss (centering, teacher-temperature
+warm-up), the last layer's gradients dropped during the first `dino.freeze_last_layer_epochs` epochs, gradient
+clipping by train.clip_grad (one global norm, where DINO clips each parameter), and a weighted k-NN (k=20,
+T=0.07) of the teacher backbone on the labelled val split after each epoch, with the training set
+(evaluation transform) as memory. The teacher backbone is what best/last.safetensors hold (head removed);
+`knn_top1` goes to summary.json.
 
 timm and torch have no DINO head, loss or multi-crop transform, so they are written here, following the
 DINO paper: projection head with a weight-normalised last layer, centred and sharpened teacher targets
@@ -15,13 +25,26 @@ global ones; with few local crops on small images that is affordable.
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from PIL import Image
+from timm.utils import ModelEmaV3
 from torch import nn
+from torch.utils.data import DataLoader
 from torchvision import transforms as T
+
+from resmlp import reporting
+from resmlp.data import build_dataset
+from resmlp.train.config import TrainConfig
+from resmlp.train.probe import extract_features, knn_accuracy
+from resmlp.train.tasks import SupervisedTask
+
+if TYPE_CHECKING:
+    from resmlp.train.trainer import Trainer
 
 
 class DINOHead(nn.Module):
@@ -137,3 +160,112 @@ class MultiCropTransform:
 
     def __call__(self, image: Image.Image) -> list[torch.Tensor]:
         return [view(image) for view in self.global_views] + [self.local_view(image) for _ in range(self.num_local)]
+
+
+class DINOTask(SupervisedTask):
+    """DINO as a training task (see the module docstring)."""
+
+    name = "dino"
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        if cfg.train.ema:
+            raise ValueError("DINO's teacher is its own EMA of the student (dino.momentum_teacher); set "
+                             "train.ema: false")
+        super().__init__(cfg)
+
+    # -------------------------------------------------------------------------------- model and loss
+    def train_transform(self):
+        d = self.cfg.dino
+        return lambda pre: MultiCropTransform(pre.img_size, pre.mean, pre.std, d.num_local, tuple(d.global_scale),
+                                              tuple(d.local_scale), d.local_size, grayscale=pre.in_chans == 1)
+
+    def build_model(self, trainer: Trainer, num_classes: int) -> nn.Module:
+        backbone = super().build_model(trainer, num_classes)
+        backbone.reset_classifier(0)  # DINO learns features; the classifier comes with fine-tuning
+        d = self.cfg.dino
+        head = DINOHead(backbone.num_features, d.out_dim, d.hidden_dim, d.bottleneck_dim,
+                        norm_last_layer=d.norm_last_layer)
+        return DINOModel(backbone, head)
+
+    def build_loss(self, trainer: Trainer, num_classes: int):
+        d = self.cfg.dino
+        self.loss = DINOLoss(d.out_dim, 2 + d.num_local, d.teacher_temp, d.warmup_teacher_temp,
+                             d.warmup_teacher_temp_epochs, self.cfg.schedule.epochs, d.student_temp,
+                             d.center_momentum).to(trainer.info.device)
+        self.trainer = trainer  # the loss needs the epoch (teacher temperature warm-up)
+        return self._step_loss
+
+    def setup(self, trainer: Trainer) -> None:
+        cfg, d = self.cfg, self.cfg.data
+        self.teacher = ModelEmaV3(trainer.model, decay=cfg.dino.momentum_teacher)
+        self.teacher.module.requires_grad_(False)  # the teacher only ever moves by the EMA
+        total_steps = cfg.schedule.epochs * trainer.steps_per_epoch
+        self.momentum = cosine_schedule(cfg.dino.momentum_teacher, 1.0, total_steps)
+        end = cfg.dino.weight_decay_end
+        self.weight_decay = cosine_schedule(cfg.optim.weight_decay, end, total_steps) if end is not None else None
+        pre = trainer.data.preprocess
+        self.knn_memory = build_dataset(d.kind, "train", d.dir, pre.in_chans, pre.eval_transform(),
+                                        tuple(d.synthetic_size), d.synthetic_classes, pre.img_size, cfg.train.seed)
+
+    def _step_loss(self, model: nn.Module, crops: list[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        if not isinstance(crops, list):
+            raise ValueError("DINO needs the multi-crop transform: a list of crops per image")
+        student = model(crops)
+        with torch.no_grad():
+            teacher = self.teacher.module(crops[:2])  # the teacher sees the two global crops only
+        return self.loss(student, teacher, self.trainer.epoch)
+
+    # -------------------------------------------------------------------------------- step hooks
+    def before_optimizer_step(self, trainer: Trainer) -> None:
+        if trainer.epoch < self.cfg.dino.freeze_last_layer_epochs:  # DINO: stabilises the start
+            for p in trainer.model.head.last_layer.parameters():
+                p.grad = None
+        if self.weight_decay is not None:  # the groups exempt from decay (1-D parameters) keep 0
+            decay = self.weight_decay[min(trainer.global_step, len(self.weight_decay) - 1)]
+            for group in trainer.optimizer.param_groups:
+                if group["weight_decay"] > 0:
+                    group["weight_decay"] = decay
+
+    def after_optimizer_step(self, trainer: Trainer) -> None:
+        # trainer.global_step still counts the steps before this one
+        self.teacher.decay = self.momentum[min(trainer.global_step, len(self.momentum) - 1)]
+        self.teacher.update(trainer.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(teacher=self.teacher.state_dict(), center=self.loss.center.clone())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self.loss.center.copy_(state["center"])
+
+    # -------------------------------------------------------------------------------- evaluation and outputs
+    def model_to_save(self, trainer: Trainer) -> nn.Module:
+        return self.teacher.module.backbone
+
+    def evaluate(self, trainer: Trainer, model: nn.Module) -> tuple[dict[str, Any], float]:
+        top1 = knn_top1(model, self.knn_memory, trainer.data.val, trainer.micro_batch, self.cfg.data.num_workers,
+                        trainer.info.device, trainer.amp == "bf16", self.cfg.dino.knn_k,
+                        self.cfg.dino.knn_temperature)
+        return dict(knn_top1=top1, skipped_val_images=0), top1
+
+    def epoch_message(self, row: dict[str, Any], epochs: int) -> str:
+        return f"epoch {row['epoch']}/{epochs}: DINO loss {row['train_loss']:.4f}, k-NN top-1 {row['knn_top1']:.2f}%"
+
+    def plot(self, path: Path, history: list[dict[str, Any]]) -> None:
+        rows = [dict(r, val_loss=math.nan, val_top1=r["knn_top1"]) for r in history]  # no val loss in DINO
+        reporting.plot_learning_curves(path, rows)
+
+    def scores(self, best: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+        return dict(knn_top1=best["knn_top1"], final_knn_top1=history[-1]["knn_top1"])
+
+
+def knn_top1(backbone: nn.Module, memory, test, batch_size: int, num_workers: int, device: torch.device,
+             bf16: bool = False, k: int = 20, temperature: float = 0.07) -> float:
+    """DINO's weighted k-NN top-1 (%) of `backbone`'s pooled features: `memory` labelled, `test` classified."""
+    def features(dataset):
+        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+        return extract_features(backbone, loader, device, bf16)
+
+    train_x, train_y = features(memory)
+    test_x, test_y = features(test)
+    return knn_accuracy(train_x, train_y, test_x, test_y, k, temperature)

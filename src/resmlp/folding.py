@@ -1,4 +1,4 @@
-"""Inference folding: the paper's Affines "absorbed in the adjacent linear layer".
+"""Affine folding for inference (`resmlp.fuse`).
 
 `fuse(model)` returns an equivalent eval-mode copy in which
 - each block's channel-MLP pre-Affine is folded into fc1 and its LayerScale into fc2;

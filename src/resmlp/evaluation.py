@@ -1,0 +1,135 @@
+"""Classification accuracy of a model on a dataset: the loop training evaluates with, and `resmlp eval`.
+
+`classify` sums loss, top-1/top-5 and the confusion matrix over all ranks of a torchrun job; `evaluate` runs
+it for a checkpoint (or a run folder) with the checkpoint's own preprocessing, dataset kind and class names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from resmlp.data import KINDS, ShardSampler, build_dataset, collate_skipping
+from resmlp.data.batch_augment import BatchAugment, eval_batches
+from resmlp.runtime import DistInfo, all_reduce_sum, autocast, resolve_amp, resolve_device
+
+
+@torch.no_grad()
+def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torch.device, amp: str,
+             info: DistInfo | None = None) -> dict[str, Any]:
+    """Loss, top-1, top-5 (percent) and the confusion matrix of (images, targets, skipped) batches, summed over
+    all ranks. Non-finite logits are an error: a broken model gets no score."""
+    model.eval()
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+    totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top-5 hits, images, skipped
+    k = min(5, num_classes)
+    for images, targets, skipped in batches:
+        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        with autocast(device, amp):
+            logits = model(images)
+        logits = logits.float()
+        if not torch.isfinite(logits).all():
+            raise ValueError("the model's outputs are NaN or infinite (non-finite weights?); no accuracy to report")
+        totals[0] += nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+        totals[1] += (logits.topk(k, dim=1).indices == targets[:, None]).any(dim=1).sum().item()
+        totals[2] += len(targets)
+        totals[3] += skipped
+        pred = logits.argmax(dim=1).cpu()
+        confusion += torch.bincount(targets.cpu() * num_classes + pred, minlength=num_classes**2).view(
+            num_classes, num_classes)
+    if info is not None:
+        all_reduce_sum(confusion, info)
+        all_reduce_sum(totals, info)
+    n = max(totals[2].item(), 1)
+    return dict(loss=totals[0].item() / n, top1=100.0 * confusion.trace().item() / n,
+                top5=100.0 * totals[1].item() / n, images=int(totals[2].item()), skipped=int(totals[3].item()),
+                confusion=confusion.numpy())
+
+
+def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: int, num_workers: int,
+                           info: DistInfo | None = None) -> Iterable:
+    """This rank's share of `dataset` in (images, targets, skipped) batches: preprocessed whole in this process
+    when `batched` is the exact batched form of the evaluation transform, else by a DataLoader."""
+    world, rank = (info.world_size, info.rank) if info else (1, 0)
+    shard = ShardSampler(len(dataset), world, rank)
+    if batched is not None:
+        return eval_batches(dataset, shard, batch_size, batched)
+    return DataLoader(dataset, batch_size=batch_size, sampler=shard, num_workers=num_workers,
+                      collate_fn=collate_skipping)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file, or a run folder (its best.safetensors)."""
+    path = Path(path)
+    if path.is_dir():
+        best = path / "best.safetensors"
+        if not best.is_file():
+            raise FileNotFoundError(f"{path} is a folder without best.safetensors; name a checkpoint file or a "
+                                    "finished run folder")
+        return best
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return path
+
+
+def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Path | None = None,
+             split: str = "val", output: str | Path | None = None, batch_size: int = 256, num_workers: int = 2,
+             device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False) -> dict[str, Any]:
+    """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
+
+    data: a dataset kind (fashion-mnist, folder, cifar10, cifar100, synthetic) or a folder path (then
+    `folder`, reading DIR/<split>/<class>/ images); None: the dataset the checkpoint was trained on. With
+    `output`, writes OUTPUT/summary.json (keys as a training run's) and OUTPUT/confusion_matrix.png (next to
+    the checkpoint without `output`; none with plot=False).
+    """
+    from resmlp import reporting
+    from resmlp.hostinfo import host_info
+    from resmlp.inference import load_for_inference
+
+    checkpoint = resolve_checkpoint(checkpoint)
+    loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
+    data = data or loaded.dataset
+    if data is None:
+        raise ValueError(f"{checkpoint} does not say which dataset it was trained on; pass --data KIND or a folder")
+    if data not in KINDS:
+        if not Path(data).is_dir():
+            raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
+        data, data_dir = "folder", data
+    pre = loaded.preprocess
+    dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
+    names = dataset.class_names
+    num_classes = loaded.num_classes
+    if num_classes != len(names):
+        raise ValueError(f"{checkpoint} predicts {num_classes} classes but the {data} dataset has {len(names)}")
+    if loaded.class_names and list(loaded.class_names) != list(names):
+        raise ValueError(f"{checkpoint} was trained on classes {loaded.class_names[:5]}... but the dataset's "
+                         f"are {names[:5]}...; evaluate on the dataset it was trained for")
+    torch_device = resolve_device(device)
+    precision = resolve_amp(amp, torch_device)
+    start = time.perf_counter()
+    batches = eval_batches_or_loader(dataset, None, batch_size, num_workers)
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(batches, desc=f"eval {data} {split}", unit="batch", dynamic_ncols=True)
+    result = classify(loaded.model.to(torch_device), batches, len(names), torch_device, precision)
+    confusion = result.pop("confusion")
+    per_class = {name: round(100.0 * confusion[i, i] / max(confusion[i].sum(), 1), 2)
+                 for i, name in enumerate(names)}
+    summary = dict(test_top1=result["top1"], test_top5=result["top5"], epochs=loaded.metadata.get("epoch"),
+                   wall_seconds=round(time.perf_counter() - start, 1), checkpoint=str(checkpoint.resolve()),
+                   loss=result["loss"], images=result["images"], skipped_images=result["skipped"],
+                   dataset=data, split=split, per_class_top1=per_class, host=host_info(precision))
+    if plot:  # next to the checkpoint unless an output folder is given
+        png = (Path(output) / "confusion_matrix.png" if output is not None
+               else checkpoint.with_name(f"{checkpoint.stem}_confusion_{data}_{split}.png"))
+        summary["confusion_matrix"] = str(reporting.plot_confusion_matrix(png, confusion, names).resolve())
+    if output is not None:
+        reporting.write_json(Path(output) / "summary.json", summary)
+    return summary

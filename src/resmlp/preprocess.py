@@ -1,0 +1,111 @@
+"""The one preprocessing contract: what a checkpoint's images go through, at training, evaluation and inference.
+
+A checkpoint's metadata["preprocess"] holds img_size, in_chans, mean, std, crop_pct and interpolation.
+Evaluation everywhere (predict, eval, the probes, DINO's k-NN, the benchmarks' agreement check) uses
+`Preprocess.eval_transform()`, which is timm's: resize the shorter side to floor(img_size / crop_pct),
+centre-crop img_size, ToTensor, Normalize. timm's rule because timm's and DeiT's published weights were
+evaluated with it. A checkpoint without preprocessing metadata (timm's or DeiT's files) gets the dataset's
+statistics (ImageNet's for image folders) and timm's default crop, DEFAULT_CROP_PCT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from timm.data import DEFAULT_CROP_PCT, create_transform
+
+from resmlp.data import dataset_stats
+
+if TYPE_CHECKING:
+    from resmlp.data.batch_augment import BatchAugment
+
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Evaluation preprocessing of one model; `source` says where it came from ("checkpoint" or "defaults")."""
+
+    img_size: int
+    in_chans: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float = DEFAULT_CROP_PCT
+    interpolation: str = "bicubic"
+    source: str = "checkpoint"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(img_size=self.img_size, crop_pct=self.crop_pct, interpolation=self.interpolation,
+                    mean=list(self.mean), std=list(self.std), in_chans=self.in_chans)
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any], model: torch.nn.Module,
+                      dataset: str | None = None) -> Preprocess:
+        """From a checkpoint's metadata["preprocess"]. Without one (timm, DeiT checkpoints): the statistics of
+        `dataset` (a dataset kind) when given, else ImageNet's, with timm's default crop DEFAULT_CROP_PCT."""
+        cfg = getattr(model, "config", None)
+        pre = metadata.get("preprocess")
+        if not pre:
+            if cfg is None:
+                raise ValueError("the checkpoint has no preprocessing metadata and its model no ResMLP config; "
+                                 "save it with resmlp.save(..., metadata={'preprocess': {...}}) (docs/inference.md)")
+            if dataset is None and cfg.in_chans != 3:
+                raise ValueError(f"the checkpoint has no preprocessing metadata and the model takes {cfg.in_chans} "
+                                 "channels, so ImageNet defaults don't apply; re-save it with "
+                                 "metadata={'preprocess': {...}} (see docs/inference.md)")
+            mean, std = dataset_stats(dataset or "folder", cfg.in_chans)
+            return cls(cfg.img_size, cfg.in_chans, mean, std, DEFAULT_CROP_PCT, "bicubic", source="defaults")
+        try:
+            made = cls(int(pre["img_size"]), int(pre.get("in_chans", len(pre["mean"]))),
+                       tuple(float(v) for v in pre["mean"]), tuple(float(v) for v in pre["std"]),
+                       float(pre.get("crop_pct", DEFAULT_CROP_PCT)), str(pre.get("interpolation", "bicubic")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs img_size, "
+                             "mean, std (and optionally crop_pct, interpolation, in_chans)") from None
+        if cfg is not None and (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
+            raise ValueError(f"checkpoint preprocess metadata says {made.in_chans}x{made.img_size}px but the model "
+                             f"takes {cfg.in_chans}x{cfg.img_size}px; fix the metadata")
+        return made
+
+    # ------------------------------------------------------------------------------------------ transforms
+    def eval_transform(self):
+        """timm's evaluation transform: PIL image -> normalised (C, img_size, img_size) tensor."""
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"unknown interpolation {self.interpolation!r}; use one of {', '.join(INTERPOLATIONS)}")
+        return create_transform((self.in_chans, self.img_size, self.img_size), is_training=False,
+                                interpolation=self.interpolation, mean=self.mean, std=self.std,
+                                crop_pct=self.crop_pct)
+
+    def train_transform(self, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip: float = 0.5, color_jitter: float = 0.0,
+                        auto_augment: str | None = None, reprob: float = 0.0):
+        """timm's training transform (random-resized crop, flip, RandAugment, erasing) ending in this
+        preprocessing's normalisation."""
+        return create_transform(
+            (self.in_chans, self.img_size, self.img_size), is_training=True, scale=tuple(scale), ratio=tuple(ratio),
+            hflip=hflip, color_jitter=color_jitter, auto_augment=auto_augment, interpolation=self.interpolation,
+            mean=self.mean, std=self.std, re_prob=reprob, re_mode="pixel", re_count=1)
+
+    def batched_eval(self, image_height: int, image_width: int, after=None) -> BatchAugment | None:
+        """The evaluation transform for whole uint8 batches of HxW images, where it is exact: no resize and no
+        crop (crop_pct 1, images already img_size), i.e. ToTensor + Normalize (+ `after`). Else None: use
+        eval_transform() per image."""
+        from resmlp.data.batch_augment import BatchAugment
+
+        if self.crop_pct != 1.0 or (image_height, image_width) != (self.img_size, self.img_size):
+            return None
+        return BatchAugment(self.img_size, self.in_chans, self.mean, self.std, (1, 1), (1, 1), 0.0, 0.0,
+                            self.interpolation, after=after)
+
+    def load(self, path: str | Path, transform=None) -> torch.Tensor:
+        """One image file as a normalised (C, H, W) tensor (`transform`: eval_transform(), made once by callers
+        that load many); ValueError naming the file if it can't be read."""
+        try:
+            with Image.open(path) as img:
+                img = img.convert("L" if self.in_chans == 1 else "RGB")
+        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            raise ValueError(f"cannot read image {path}: {e}") from None
+        return (transform or self.eval_transform())(img)

@@ -1,0 +1,214 @@
+"""Training paradigms as tasks: what differs between supervised training, distillation, fine-tuning and DINO.
+
+The Trainer (resmlp.train.trainer) owns the loop, devices, precision, DDP, checkpoints, resume and logging;
+a Task owns the model(s), the loss, what is evaluated, and any state of its own. A task talks to the trainer
+only through the trainer's public attributes: cfg, info (devices, ranks), amp, data (RunData), model, ema,
+optimizer, epoch, global_step, steps_per_epoch, micro_batch.
+
+Adding a paradigm: subclass Task (or SupervisedTask), override what differs, and add it to `task_for`
+(docs/architecture.md walks through DINOTask, resmlp.train.dino).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from resmlp import reporting
+from resmlp.build import build_model, freeze_layers, load_resmlp_start
+from resmlp.evaluation import classify, eval_batches_or_loader
+from resmlp.preprocess import Preprocess
+from resmlp.train.config import TrainConfig
+from resmlp.train.losses import DistillationLoss, LossFn, freeze, supervised_loss
+
+if TYPE_CHECKING:
+    from resmlp.train.trainer import Trainer
+
+
+class Task:
+    """The paradigm-specific part of a run; every method has the supervised default."""
+
+    name = "task"
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+
+    def train_transform(self) -> Callable[[Preprocess], Any] | None:
+        """The training transform built from the preprocessing; None: the recipe's augmentation."""
+        return None
+
+    def build_model(self, trainer: Trainer, num_classes: int) -> nn.Module:
+        raise NotImplementedError
+
+    def build_loss(self, trainer: Trainer, num_classes: int) -> LossFn:
+        raise NotImplementedError
+
+    def setup(self, trainer: Trainer) -> None:
+        """After the optimizer, scheduler and EMA exist, before any step or resume."""
+
+    def before_optimizer_step(self, trainer: Trainer) -> None:
+        """After backward and gradient clipping, before the optimizer step."""
+
+    def after_optimizer_step(self, trainer: Trainer) -> None:
+        """After the optimizer step (and the trainer's EMA update)."""
+
+    def evaluate(self, trainer: Trainer, model: nn.Module) -> tuple[dict[str, Any], float]:
+        """End-of-epoch metrics (entries of the epoch's row) and the score that picks the best checkpoint."""
+        data, info = trainer.data, trainer.info
+        loader = eval_batches_or_loader(data.val, data.val_batched, trainer.micro_batch, self.cfg.data.num_workers,
+                                        info)
+        result = classify(model, loader, len(data.class_names), info.device, trainer.amp, info)
+        return dict(val_loss=result["loss"], val_top1=result["top1"], val_top5=result["top5"],
+                    skipped_val_images=result["skipped"]), result["top1"]
+
+    def model_to_save(self, trainer: Trainer) -> nn.Module:
+        """The network evaluated and written to best/last.safetensors."""
+        return trainer.ema.module if trainer.ema is not None else trainer.model
+
+    def epoch_message(self, row: dict[str, Any], epochs: int) -> str:
+        skipped = row["skipped_train_images"] + row["skipped_val_images"]
+        return (f"epoch {row['epoch']}/{epochs}: train loss {row['train_loss']:.4f}, "
+                f"val loss {row['val_loss']:.4f}, top-1 {row['val_top1']:.2f}%, top-5 {row['val_top5']:.2f}%"
+                + (f", {skipped} unreadable images skipped" if skipped else ""))
+
+    def plot(self, path: Path, history: list[dict[str, Any]]) -> None:
+        reporting.plot_learning_curves(path, history)
+
+    def scores(self, best: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The accuracy keys of summary.json, from the best epoch's row."""
+        return dict(test_top1=best["val_top1"], test_top5=best["val_top5"], final_top1=history[-1]["val_top1"])
+
+    def summary_extra(self) -> dict[str, Any]:
+        """Further keys for summary.json (e.g. what the teacher was)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Task state that a resume needs (saved in last.pth)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class SupervisedTask(Task):
+    """The paper's supervised training: a model from the model grammar, cross-entropy with Mixup/CutMix."""
+
+    name = "supervised"
+
+    def build_model(self, trainer: Trainer, num_classes: int) -> nn.Module:
+        cfg = self.cfg
+        if cfg.model_name.kind == "preset":  # the config was validated with exactly these overrides
+            from resmlp.models.resmlp import ResMLP
+
+            return ResMLP(cfg.model_config(num_classes))
+        overrides = {k: v for k, v in cfg.model_overrides.items() if k not in ("img_size", "num_classes")}
+        return build_model(cfg.model_name, num_classes=num_classes, **overrides)
+
+    def build_loss(self, trainer: Trainer, num_classes: int) -> LossFn:
+        return supervised_loss(self.cfg, num_classes)
+
+
+class DistillationTask(SupervisedTask):
+    """Supervised training plus a frozen teacher's term (DeiT's hard distillation, or Hinton's soft KL)."""
+
+    name = "distillation"
+
+    def build_loss(self, trainer: Trainer, num_classes: int) -> LossFn:
+        kd = self.cfg.distill
+        in_chans, img_size = self.cfg.input_shape()
+        teacher = load_teacher(kd.teacher, num_classes, in_chans, kd.weights, kd.allow_random_teacher)
+        teacher = freeze(teacher.to(trainer.info.device))
+        check_teacher(teacher, kd.teacher, num_classes, in_chans, img_size, trainer.info.device)
+        self.teacher_record = dict(spec=kd.teacher, weights=kd.weights,
+                                   weights_sha256=file_sha256(kd.weights or kd.teacher) if (
+                                       kd.weights or Path(kd.teacher).is_file()) else None)
+        self.teacher_model = teacher
+        return DistillationLoss(supervised_loss(self.cfg, num_classes), teacher, kd.type, kd.alpha, kd.tau, kd.cache)
+
+    def setup(self, trainer: Trainer) -> None:
+        """The teacher's own accuracy on the validation data, recorded beside the student's."""
+        _, top1 = super().evaluate(trainer, self.teacher_model)
+        self.teacher_record["val_top1"] = top1
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {"teacher": self.teacher_record}
+
+
+class FinetuneTask(SupervisedTask):
+    """Supervised training from a checkpoint (model.name is a file): its weights at finetune.img_size, a new
+    head for the dataset's classes, optional freezing; optim.layer_decay turns on layer-wise lr decay."""
+
+    name = "finetune"
+
+    def build_model(self, trainer: Trainer, num_classes: int) -> nn.Module:
+        from resmlp.models.resmlp import ResMLP
+
+        start = load_resmlp_start(self.cfg.model["name"], self.cfg.finetune.img_size)
+        target = start.config.replace(num_classes=num_classes, **self.cfg.model_overrides)
+        model = ResMLP(target)
+        state = {k: v for k, v in start.state_dict().items() if not k.startswith("head.")}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or not all(k.startswith("head.") for k in missing):
+            raise RuntimeError(f"fine-tuning start does not fit its own config: {missing[:3]} {unexpected[:3]}")
+        return freeze_layers(model, self.cfg.finetune.freeze)
+
+
+def task_for(cfg: TrainConfig) -> Task:
+    """The task a config asks for (`task`, or inferred from model.name and distill.teacher)."""
+    name = cfg.task_name
+    if name == "dino":
+        from resmlp.train.dino import DINOTask
+
+        return DINOTask(cfg)
+    if name == "finetune" and cfg.distill.teacher:
+        raise ValueError("fine-tuning with a distillation teacher is not supported; distil from scratch "
+                         "(model.name a preset) or fine-tune without distill.teacher")
+    return {"supervised": SupervisedTask, "distillation": DistillationTask, "finetune": FinetuneTask}[name](cfg)
+
+
+# ------------------------------------------------------------------------------------------ teachers
+def load_teacher(spec: str, num_classes: int, in_chans: int, weights: str | None = None,
+                 allow_random: bool = False) -> nn.Module:
+    """A teacher in the model grammar: a checkpoint file, or timm:NAME / torchvision:NAME with a weights file
+    (without one only when `allow_random`: a random teacher teaches nothing, so it must be asked for)."""
+    from resmlp.build import parse_model_name
+
+    name = parse_model_name(spec)
+    if name.kind == "preset":
+        raise ValueError(f"distill.teacher {spec!r} is an untrained preset; name a checkpoint file, or timm:NAME / "
+                         "torchvision:NAME with --teacher-weights")
+    if name.kind in ("timm", "torchvision") and weights is None and not allow_random:
+        raise ValueError(f"distill.teacher {spec} has no weights: pass --teacher-weights FILE (distill.weights), or "
+                         "--allow-random-teacher (distill.allow_random_teacher) to distil from random weights")
+    try:
+        return build_model(name, num_classes=num_classes, in_chans=in_chans if name.kind != "file" else None,
+                           weights=weights)
+    except ValueError as e:
+        raise ValueError(f"distill.teacher: {e}; a teacher must predict the dataset's {num_classes} classes") from None
+
+
+def check_teacher(teacher: nn.Module, spec: str, num_classes: int, in_chans: int, img_size: int,
+                  device: torch.device) -> None:
+    """One forward on a dummy batch: the teacher takes the data's images and predicts its classes."""
+    with torch.no_grad():
+        try:
+            out = teacher(torch.zeros(2, in_chans, img_size, img_size, device=device))
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"distillation teacher {spec} cannot take {in_chans}x{img_size}x{img_size} images: "
+                             f"{e}") from None
+    if out.ndim != 2 or out.shape[1] != num_classes:
+        raise ValueError(f"distillation teacher {spec} predicts {out.shape[-1]} classes but the dataset has "
+                         f"{num_classes}; distil from a teacher trained on this dataset")
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

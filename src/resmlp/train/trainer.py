@@ -1,0 +1,384 @@
+"""The training loop: recipe in; checkpoints, metrics, plots and summary.json out.
+
+`train(recipe, output_dir, overrides, resume)` picks the config's task (resmlp.train.tasks: supervised,
+distillation, fine-tuning, DINO) and runs the Trainer. The Trainer owns what every paradigm shares: devices,
+precision, DDP, the optimizer and schedule, the optional weight EMA, the step loop, exact resume, checkpoints
+and logging. The task owns what differs (model, loss, evaluation, extra state). `images` may be a list of
+crops (DINO).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from resmlp import reporting
+from resmlp.checkpoint import save
+from resmlp.data import ResumableSampler, SeededDataset, collate_skipping
+from resmlp.data.assemble import build_data
+from resmlp.data.batch_augment import array_batches
+from resmlp.hostinfo import host_info
+from resmlp.runtime import (
+    DistInfo,
+    all_reduce_sum,
+    autocast,
+    barrier,
+    grad_scaler,
+    init_distributed,
+    process_settings,
+    resolve_amp,
+    shutdown,
+)
+from resmlp.train.config import TRAINING_FIELDS, TrainConfig, load_config, parse_overrides
+from resmlp.train.state import STATE_FILE, check_resumable, load_state, save_state
+from resmlp.train.tasks import Task, task_for
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is left as it was."""
+
+
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Seed every RNG the step touches (dropout, drop-path, Mixup) from (seed, step, rank): exact resume."""
+    # only ints: a str in the tuple would hash differently in every process (PYTHONHASHSEED); the 4-tuple
+    # keeps step seeds apart from the per-image seeds (seed, epoch, position)
+    step_seed = hash((seed, step, rank, 0)) & 0x7FFF_FFFF
+    random.seed(step_seed)
+    np.random.seed(step_seed)
+    torch.manual_seed(step_seed)  # all devices: dropout and drop-path run where the model is
+
+
+def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", output_dir: str | Path = "runs/train",
+          overrides: dict[str, Any] | list[str] | None = None, resume: bool | str | Path = False,
+          task: Task | None = None) -> dict[str, Any]:
+    """Train from a recipe (name, YAML path, dict or TrainConfig); return summary.json's content.
+
+    overrides: {"optim.lr": 1e-3} or ["optim.lr=1e-3"]. resume: True continues OUTPUT/last.pth, a path
+    continues that state file. task: a Task instance replacing the config's (e.g. a custom loss).
+    Launched by torchrun, every process calls this; only rank 0 writes files.
+    """
+    cfg = load_config(recipe, overrides)
+    with process_settings(cfg.train.threads, cfg.train.deterministic):
+        info = init_distributed(cfg.train.device)
+        try:
+            return Trainer(cfg, Path(output_dir), info, resume, task or task_for(cfg)).fit()
+        finally:
+            shutdown(info)
+
+
+def finetune(checkpoint: str | Path, recipe: str | Path | dict | TrainConfig, output_dir: str | Path,
+             overrides: dict[str, Any] | list[str] | None = None, img_size: int | None = None,
+             freeze: int | str | None = None, layer_decay: float | None = None,
+             resume: bool | str | Path = False) -> dict[str, Any]:
+    """Fine-tune `checkpoint` with `recipe`'s data, optimiser and schedule; returns summary.json's content.
+
+    The run's model is the checkpoint (model.name = its path, the recipe's dropout kept): the finetune task.
+    img_size: new resolution (ResMLP: cross-patch matrices resized; Mixer: block-diagonal expansion).
+    freeze: number of leading blocks to freeze, or 'all-but-head'. layer_decay: e.g. 0.75.
+    """
+    if not Path(checkpoint).is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
+    raw = load_config(recipe, overrides).to_dict()
+    raw["model"] = {"name": str(Path(checkpoint).resolve()),
+                    **{k: v for k, v in raw["model"].items() if k in TRAINING_FIELDS}}
+    raw["finetune"] = dict(img_size=img_size, freeze=freeze)
+    if layer_decay is not None:
+        raw["optim"]["layer_decay"] = layer_decay
+    return train(raw, output_dir, resume=resume)
+
+
+def pretrain_dino(recipe: str | Path | dict = "dino-fashion-mnist", output_dir: str | Path = "runs/dino",
+                  overrides: dict[str, Any] | list[str] | None = None,
+                  resume: bool | str | Path = False) -> dict[str, Any]:
+    """DINO self-supervised pre-training from a recipe; returns summary.json's content (with knn_top1)."""
+    return train(recipe, output_dir, {**parse_overrides(overrides), "task": "dino"}, resume)
+
+
+class Trainer:
+    """One training run; `fit()` does it. Public attributes are what tasks may read (see resmlp.train.tasks)."""
+
+    def __init__(self, cfg: TrainConfig, out: Path, info: DistInfo, resume: bool | str | Path, task: Task) -> None:
+        self.cfg, self.out, self.info, self.task = cfg, out, info, task
+        t, device = cfg.train, info.device
+        self.state_path = self._state_to_resume(resume)
+        self.amp = resolve_amp(t.amp, device)
+        world_micro = info.world_size * t.grad_accum
+        if t.batch_size % world_micro:
+            raise ValueError(f"train.batch_size={t.batch_size} (global) must be divisible by processes x "
+                             f"grad_accum = {info.world_size} x {t.grad_accum}")
+        self.micro_batch = t.batch_size // world_micro
+        torch.manual_seed(t.seed)  # model initialisation
+
+        in_chans, img_size = cfg.input_shape()
+        self.data = build_data(cfg.data, in_chans, img_size, t.seed, task.train_transform())
+        num_classes = len(self.data.class_names)
+        if "num_classes" in cfg.model and cfg.model["num_classes"] != num_classes:
+            raise ValueError(f"model.num_classes={cfg.model['num_classes']} but the dataset has {num_classes} "
+                             "classes; drop model.num_classes (it is taken from the data)")
+        self.model: nn.Module = task.build_model(self, num_classes).to(device)
+        if t.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.sampler = ResumableSampler(self.data.train, t.seed, info.world_size, info.rank, cfg.data.repeated_aug)
+        self.steps_per_epoch = len(self.sampler) // (self.micro_batch * t.grad_accum)
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"the training set ({len(self.data.train)} images) is smaller than one global "
+                             f"batch ({t.batch_size}); lower train.batch_size")
+        self._build_optimization()
+        self.loss_fn = task.build_loss(self, num_classes)
+        self.train_model: nn.Module = torch.compile(self.model) if t.compile else self.model
+        if info.enabled:
+            ids = [device.index] if device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.history: list[dict[str, Any]] = []
+        self.best_top1, self.best_epoch = -1.0, -1
+        self.epoch_totals = torch.zeros(3, dtype=torch.float64)  # loss sum, optimizer steps, skipped images
+        self.wall_before = 0.0  # training seconds spent before a resume
+        task.setup(self)
+        if self.state_path is not None:
+            self._restore(load_state(self.state_path))
+
+    def _build_optimization(self) -> None:
+        """Optimizer (timm), lr schedule (timm, per step), weight EMA (timm) and gradient scaler (fp16)."""
+        cfg, t = self.cfg, self.cfg.train
+        self.lr = cfg.optim.lr * (t.batch_size / cfg.optim.reference_batch if cfg.optim.reference_batch else 1)
+        opt_name = {"sgd": "momentum", "lamb": "lamb", "adamw": "adamw"}[cfg.optim.name]  # plain momentum SGD
+        # filter_bias_and_bn: no weight decay on 1-D parameters (Affine alpha/beta, LayerScale, biases)
+        # nor on model.no_weight_decay() names
+        # layer_decay: timm's layer-wise lr decay over model.group_matcher(); frozen parameters are left out
+        self.optimizer = create_optimizer_v2(self.model, opt=opt_name, lr=self.lr,
+                                             weight_decay=cfg.optim.weight_decay, momentum=cfg.optim.momentum,
+                                             filter_bias_and_bn=True, layer_decay=cfg.optim.layer_decay)
+        s = cfg.schedule
+        self.scheduler, _ = create_scheduler_v2(
+            self.optimizer, sched=s.name, num_epochs=s.epochs, decay_epochs=s.decay_epochs, decay_rate=s.decay_rate,
+            min_lr=s.min_lr, warmup_lr=s.warmup_lr, warmup_epochs=s.warmup_epochs, step_on_epochs=False,
+            updates_per_epoch=self.steps_per_epoch)
+        self.ema = ModelEmaV3(self.model, decay=t.ema_decay) if t.ema else None
+        self.scaler = grad_scaler(self.amp, self.info.device)
+
+    # -------------------------------------------------------------------------------- resume
+    def _state_to_resume(self, resume: bool | str | Path) -> Path | None:
+        existing = self.out / STATE_FILE
+        if resume is False:
+            if existing.exists():
+                raise ValueError(f"{self.out} already holds a run ({existing}); continue it with --resume, or "
+                                 "choose another --output")
+            return None
+        path = existing if resume is True else Path(resume)
+        if not path.is_file():
+            raise FileNotFoundError(f"nothing to resume: {path} does not exist")
+        return path
+
+    def _snapshot(self) -> dict[str, Any]:
+        return dict(
+            config=self.cfg.to_dict(), model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+            ema=self.ema.state_dict() if self.ema else None,
+            scaler=self.scaler.state_dict() if self.scaler else None, task=self.task.state_dict(), epoch=self.epoch,
+            step_in_epoch=self.step_in_epoch, global_step=self.global_step, history=self.history,
+            best_top1=self.best_top1, best_epoch=self.best_epoch, epoch_totals=self.epoch_totals.clone(),
+            world_size=self.info.world_size, wall_seconds=self.wall_before + time.perf_counter() - self.t0,
+        )
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        check_resumable(self.state_path, state["config"], self.cfg.to_dict())
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.ema is not None and state["ema"] is not None:
+            self.ema.load_state_dict(state["ema"])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.task.load_state_dict(state["task"])
+        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
+        self.global_step, self.history = state["global_step"], state["history"]
+        self.best_top1, self.best_epoch = state["best_top1"], state["best_epoch"]
+        self.epoch_totals = state["epoch_totals"]
+        self.wall_before = state["wall_seconds"]
+        # the schedule is a function of the config and the step, so it is rebuilt rather than loaded: a resume
+        # may extend schedule.epochs or lower optim.lr (check_resumable says which keys may change)
+        self.scheduler.step_update(self.global_step)
+
+    # -------------------------------------------------------------------------------- the run
+    def fit(self) -> dict[str, Any]:
+        self.t0 = time.perf_counter()
+        if self.info.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            reporting.write_json(self.out / "config.json", self.cfg.to_dict())
+            self.tb = reporting.TensorBoardLog(self.out / "tensorboard")
+        try:
+            while self.epoch < self.cfg.schedule.epochs:
+                self._train_epoch()
+                self._end_epoch()
+        finally:
+            if self.info.is_main:
+                self.tb.close()
+        return self._finish()
+
+    def _train_epoch(self) -> None:
+        t = self.cfg.train
+        self.sampler.set_position(self.epoch, self.step_in_epoch * self.micro_batch * t.grad_accum)
+        self.train_model.train()
+        bar = self._progress_bar()
+        micro_batches = self._micro_batches()
+        epoch_start, images_seen = time.perf_counter(), 0
+        while self.step_in_epoch < self.steps_per_epoch:
+            seed_step(t.seed, self.global_step, self.info.rank)
+            step_loss, images = self._forward_backward(micro_batches)
+            images_seen += images
+            self._check_finite(step_loss)
+            self._optimizer_step()
+            self.epoch_totals[0] += step_loss.item() / t.grad_accum
+            self.epoch_totals[1] += 1
+            self.step_in_epoch += 1
+            self.global_step += 1
+            if bar is not None:
+                elapsed = time.perf_counter() - epoch_start
+                bar.set_postfix(loss=f"{step_loss.item() / t.grad_accum:.4f}",
+                                lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                                img_s=f"{images_seen * self.info.world_size / max(elapsed, 1e-9):.0f}", refresh=False)
+                bar.update(1)
+            every = t.checkpoint_every_steps
+            if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
+                self._save_state()
+        if bar is not None:
+            bar.close()
+        self.epoch_seconds = time.perf_counter() - epoch_start
+        self.epoch_images = images_seen * self.info.world_size
+
+    def _forward_backward(self, micro_batches: Iterator) -> tuple[torch.Tensor, int]:
+        """One optimizer step's forward and backward passes over grad_accum micro-batches: (loss sum, images)."""
+        t, info = self.cfg.train, self.info
+        step_loss, images_seen = torch.zeros((), dtype=torch.float64), 0
+        for micro in range(t.grad_accum):
+            images, targets, skipped = next(micro_batches)
+            images = _to_device(images, info.device, t.channels_last)  # a tensor, or a list of crops
+            targets = targets.to(info.device, non_blocking=True)
+            sync = micro == t.grad_accum - 1 or not info.enabled
+            with (contextlib.nullcontext() if sync else self.train_model.no_sync()), autocast(info.device, self.amp):
+                loss = self.loss_fn(self.train_model, images, targets)
+                scaled = loss / t.grad_accum
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            step_loss += loss.detach().double().cpu()
+            self.epoch_totals[2] += skipped
+            images_seen += len(targets)
+        return step_loss, images_seen
+
+    def _micro_batches(self) -> Iterator[tuple[Any, torch.Tensor, int]]:
+        """(images, targets, skipped) of this rank from the sampler's position: whole in-memory batches
+        augmented in this process, or a DataLoader applying the per-image transform in workers."""
+        if self.data.train_augment is not None:
+            return array_batches(self.data.train, self.sampler, self.micro_batch, self.data.train_augment)
+        return iter(DataLoader(SeededDataset(self.data.train), batch_size=self.micro_batch, sampler=self.sampler,
+                               num_workers=self.cfg.data.num_workers, collate_fn=collate_skipping, drop_last=True,
+                               pin_memory=self.info.device.type == "cuda", persistent_workers=False))
+
+    def _progress_bar(self):
+        if not (self.cfg.train.progress and self.info.is_main):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch, dynamic_ncols=True,
+                    desc=f"epoch {self.epoch + 1}/{self.cfg.schedule.epochs}")
+
+    def _check_finite(self, step_loss: torch.Tensor) -> None:
+        # every rank must stop together, so the verdict is summed over ranks
+        bad = all_reduce_sum(torch.tensor([0.0 if math.isfinite(step_loss.item()) else 1.0]), self.info)
+        if bad.item() > 0:
+            where = f"epoch {self.epoch + 1}, step {self.step_in_epoch + 1} (global step {self.global_step + 1})"
+            last = self.out / STATE_FILE
+            kept = f"the last good checkpoint {last} is intact" if last.exists() else "no checkpoint was written yet"
+            raise NonFiniteLossError(
+                f"the loss became {step_loss.item()} at {where}, lr {self.optimizer.param_groups[0]['lr']:.3g}; "
+                f"training stopped and {kept}. Resume it with a lower learning rate (--resume --set optim.lr=...), "
+                "set train.clip_grad (e.g. 1.0) or use train.amp=none")
+
+    def _optimizer_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.cfg.train.clip_grad:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad)
+        self.task.before_optimizer_step(self)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step_update(self.global_step + 1)
+        if self.ema is not None:
+            self.ema.update(self.model, step=self.global_step + 1)
+        self.task.after_optimizer_step(self)
+
+    def _end_epoch(self) -> None:
+        eval_model = self.task.model_to_save(self)
+        metrics, score = self.task.evaluate(self, eval_model)
+        totals = all_reduce_sum(self.epoch_totals.clone(), self.info)
+        row = dict(epoch=self.epoch + 1, train_loss=totals[0].item() / max(totals[1].item(), 1),
+                   lr=self.optimizer.param_groups[0]["lr"], **metrics, skipped_train_images=int(totals[2].item()),
+                   epoch_seconds=round(self.epoch_seconds, 2),
+                   train_images_per_s=round(self.epoch_images / max(self.epoch_seconds, 1e-9), 1))
+        self.history.append(row)
+        improved = score > self.best_top1
+        if improved:
+            self.best_top1, self.best_epoch = score, self.epoch + 1
+        self.epoch += 1
+        self.step_in_epoch = 0
+        self.epoch_totals = torch.zeros(3, dtype=torch.float64)
+        if self.info.is_main:
+            print(self.task.epoch_message(row, self.cfg.schedule.epochs), flush=True)
+            save(eval_model, self.out / "last.safetensors", self._metadata(row))
+            if improved:
+                save(eval_model, self.out / "best.safetensors", self._metadata(row))
+            reporting.write_metrics_csv(self.out / "metrics.csv", self.history)
+            self.task.plot(self.out / "learning_curves.png", self.history)
+            self.tb.log(row)
+        self._save_state()
+
+    def _save_state(self) -> None:
+        if self.info.is_main:
+            save_state(self.out / STATE_FILE, self._snapshot())
+        barrier(self.info)
+
+    def _metadata(self, row: dict[str, Any]) -> dict[str, Any]:
+        scores = {k: v for k, v in row.items() if k in ("val_top1", "val_top5", "knn_top1")}
+        return dict(class_names=self.data.class_names, preprocess=self.data.preprocess.to_dict(),
+                    dataset=self.cfg.data.kind, recipe=self.cfg.recipe, epoch=row["epoch"], **scores)
+
+    def _finish(self) -> dict[str, Any]:
+        best = next(r for r in self.history if r["epoch"] == self.best_epoch)
+        summary = dict(
+            **self.task.scores(best, self.history), epochs=self.epoch,
+            wall_seconds=round(self.wall_before + time.perf_counter() - self.t0, 1),
+            checkpoint=str((self.out / "best.safetensors").resolve()), best_epoch=self.best_epoch,
+            last_checkpoint=str((self.out / "last.safetensors").resolve()),
+            state=str((self.out / STATE_FILE).resolve()), recipe=self.cfg.recipe, task=self.task.name,
+            model=self.cfg.model, dataset=self.cfg.data.kind, global_batch=self.cfg.train.batch_size, lr=self.lr,
+            amp=self.amp, world_size=self.info.world_size, host=host_info(self.amp),
+            metrics=str((self.out / "metrics.csv").resolve()),
+            learning_curves=str((self.out / "learning_curves.png").resolve()), **self.task.summary_extra(),
+        )
+        if self.info.is_main:
+            reporting.write_json(self.out / "summary.json", summary)
+        return summary
+
+
+def _to_device(images: torch.Tensor | list[torch.Tensor], device: torch.device,
+               channels_last: bool) -> torch.Tensor | list[torch.Tensor]:
+    if isinstance(images, (list, tuple)):
+        return [_to_device(crop, device, channels_last) for crop in images]
+    images = images.to(device, non_blocking=True)
+    return images.contiguous(memory_format=torch.channels_last) if channels_last else images
