@@ -3,7 +3,7 @@
 from resmlp.checkpoint import export_checkpoint, load, load_checkpoint, read_metadata, save
 from resmlp.fuse import fuse
 from resmlp.models import ResMLP, ResMLPConfig, create_model, list_models
-from resmlp.models.registry import register_with_timm
+from resmlp.models.pretrained import register_with_timm
 
 register_with_timm()
 
