@@ -46,7 +46,9 @@ def _class_names(metadata: dict[str, Any], num_classes: int) -> list[str]:
     names = metadata.get("class_names")
     if isinstance(names, list) and len(names) == num_classes:
         return [str(n) for n in names]
-    return [f"class_{i}" for i in range(num_classes)]
+    from resmlp.models.pretrained import imagenet_class_names  # published 1k / 21k heads: ImageNet's names
+
+    return imagenet_class_names(num_classes) or [f"class_{i}" for i in range(num_classes)]
 
 
 def classify(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, str]], str]:
