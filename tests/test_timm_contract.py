@@ -150,3 +150,35 @@ def test_big_preset_forward(name):
     model = timm.create_model(name, num_classes=3).eval()
     with torch.no_grad():
         assert model(torch.randn(1, 3, 224, 224)).shape == (1, 3)
+
+
+def test_two_epochs_with_timms_training_utilities():
+    from timm.data import Mixup
+    from timm.loss import SoftTargetCrossEntropy
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import create_scheduler_v2
+    from timm.utils import ModelEmaV3
+
+    torch.manual_seed(0)
+    model = timm.create_model("resmlp_s12", img_size=32, patch_size=8, dim=16, depth=2, num_classes=4,
+                              drop_path_rate=0.1)
+    ema = ModelEmaV3(model, decay=0.9)
+    opt = create_optimizer_v2(model, "adamw", lr=3e-3, weight_decay=0.05)
+    sched, epochs = create_scheduler_v2(opt, "cosine", num_epochs=2, warmup_epochs=0)
+    mixup = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=4, label_smoothing=0.1)
+    loss_fn = SoftTargetCrossEntropy()
+    images, labels = torch.randn(16, 3, 32, 32), torch.arange(16) % 4
+    losses = []
+    for epoch in range(epochs):
+        for start in range(0, 16, 8):
+            x, y = mixup(images[start:start + 8], labels[start:start + 8])
+            loss = loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ema.update(model)
+            losses.append(loss.item())
+        sched.step(epoch + 1)
+    assert epochs == 2 and all(torch.isfinite(torch.tensor(losses)))
+    assert not torch.equal(ema.module.head.weight, model.head.weight)  # the EMA lags the trained weights
+    assert ema.module(images).shape == (16, 4)
