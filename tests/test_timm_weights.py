@@ -117,7 +117,8 @@ def test_dino_round_trip_and_checkpoints(tmp_path):
     assert not result.missing_keys and not result.unexpected_keys
     torch.testing.assert_close(_logits(backbone, X), _logits(ours, X), rtol=1e-4, atol=1e-5)
     # a DINO training checkpoint: teacher / student (under module.), a projection head to drop
-    teacher, student = make_trained_like_(DeitResMLP(num_classes=0)), make_trained_like_(DeitResMLP(num_classes=0), seed=1)
+    teacher = make_trained_like_(DeitResMLP(num_classes=0))
+    student = make_trained_like_(DeitResMLP(num_classes=0), seed=1)
     head = {"head.mlp.0.weight": torch.randn(8, 16), "head.last_layer.weight": torch.randn(4, 8)}
     ckpt = {"teacher": {**{f"backbone.{k}": v for k, v in teacher.state_dict().items()}, **head},
             "student": {**{f"module.backbone.{k}": v for k, v in student.state_dict().items()},

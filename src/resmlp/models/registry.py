@@ -56,30 +56,50 @@ def _hub(timm_name: str) -> str:
 PUBLISHED: dict[str, dict[str, PublishedWeights]] = {
     "resmlp_s12": {
         "fb_in1k": PublishedWeights(_FB + "resmlp_12_no_dist.pth", hf_hub_id=_hub("resmlp_12_224.fb_in1k")),
-        "fb_distilled_in1k": PublishedWeights(_FB + "resmlp_12_dist.pth", hf_hub_id=_hub("resmlp_12_224.fb_distilled_in1k")),
+        "fb_distilled_in1k": PublishedWeights(
+            _FB + "resmlp_12_dist.pth", hf_hub_id=_hub("resmlp_12_224.fb_distilled_in1k")
+        ),
         "fb_dino": PublishedWeights(_FB + "resmlp_12_dino.pth", num_classes=0, hf_hub_id=_hub("resmlp_12_224.fb_dino")),
     },
     "resmlp_s24": {
         "fb_in1k": PublishedWeights(_FB + "resmlp_24_no_dist.pth", hf_hub_id=_hub("resmlp_24_224.fb_in1k")),
-        "fb_distilled_in1k": PublishedWeights(_FB + "resmlp_24_dist.pth", hf_hub_id=_hub("resmlp_24_224.fb_distilled_in1k")),
+        "fb_distilled_in1k": PublishedWeights(
+            _FB + "resmlp_24_dist.pth", hf_hub_id=_hub("resmlp_24_224.fb_distilled_in1k")
+        ),
         "fb_dino": PublishedWeights(_FB + "resmlp_24_dino.pth", num_classes=0, hf_hub_id=_hub("resmlp_24_224.fb_dino")),
     },
     "resmlp_s36": {
         "fb_in1k": PublishedWeights(_FB + "resmlp_36_no_dist.pth", hf_hub_id=_hub("resmlp_36_224.fb_in1k")),
-        "fb_distilled_in1k": PublishedWeights(_FB + "resmlp_36_dist.pth", hf_hub_id=_hub("resmlp_36_224.fb_distilled_in1k")),
+        "fb_distilled_in1k": PublishedWeights(
+            _FB + "resmlp_36_dist.pth", hf_hub_id=_hub("resmlp_36_224.fb_distilled_in1k")
+        ),
     },
     "resmlp_b24_p8": {
         "fb_in1k": PublishedWeights(_FB + "resmlpB_24_no_dist.pth", hf_hub_id=_hub("resmlp_big_24_224.fb_in1k")),
-        "fb_distilled_in1k": PublishedWeights(_FB + "resmlpB_24_dist.pth", hf_hub_id=_hub("resmlp_big_24_224.fb_distilled_in1k")),
-        "fb_in22k_ft_in1k": PublishedWeights(_FB + "resmlpB_24_22k.pth", hf_hub_id=_hub("resmlp_big_24_224.fb_in22k_ft_in1k")),
+        "fb_distilled_in1k": PublishedWeights(
+            _FB + "resmlpB_24_dist.pth", hf_hub_id=_hub("resmlp_big_24_224.fb_distilled_in1k")
+        ),
+        "fb_in22k_ft_in1k": PublishedWeights(
+            _FB + "resmlpB_24_22k.pth", hf_hub_id=_hub("resmlp_big_24_224.fb_in22k_ft_in1k")
+        ),
     },
     "mixer_b16": {
-        "goog_in21k_ft_in1k": PublishedWeights(_JX + "jx_mixer_b16_224-76587d61.pth", **_MIXER, hf_hub_id=_hub("mixer_b16_224.goog_in21k_ft_in1k")),
-        "goog_in21k": PublishedWeights(_JX + "jx_mixer_b16_224_in21k-617b3de2.pth", num_classes=21843, **_MIXER, hf_hub_id=_hub("mixer_b16_224.goog_in21k")),
+        "goog_in21k_ft_in1k": PublishedWeights(
+            _JX + "jx_mixer_b16_224-76587d61.pth", **_MIXER, hf_hub_id=_hub("mixer_b16_224.goog_in21k_ft_in1k")
+        ),
+        "goog_in21k": PublishedWeights(
+            _JX + "jx_mixer_b16_224_in21k-617b3de2.pth", num_classes=21843, **_MIXER,
+            hf_hub_id=_hub("mixer_b16_224.goog_in21k"),
+        ),
     },
     "mixer_l16": {
-        "goog_in21k_ft_in1k": PublishedWeights(_JX + "jx_mixer_l16_224-92f9adc4.pth", **_MIXER, hf_hub_id=_hub("mixer_l16_224.goog_in21k_ft_in1k")),
-        "goog_in21k": PublishedWeights(_JX + "jx_mixer_l16_224_in21k-846aa33c.pth", num_classes=21843, **_MIXER, hf_hub_id=_hub("mixer_l16_224.goog_in21k")),
+        "goog_in21k_ft_in1k": PublishedWeights(
+            _JX + "jx_mixer_l16_224-92f9adc4.pth", **_MIXER, hf_hub_id=_hub("mixer_l16_224.goog_in21k_ft_in1k")
+        ),
+        "goog_in21k": PublishedWeights(
+            _JX + "jx_mixer_l16_224_in21k-846aa33c.pth", num_classes=21843, **_MIXER,
+            hf_hub_id=_hub("mixer_l16_224.goog_in21k"),
+        ),
     },
 }
 

@@ -266,10 +266,7 @@ class ResMLP(nn.Module):
         for i, block in enumerate(self.blocks):
             if i >= last:
                 break
-            if self.grad_checkpointing and not torch.jit.is_scripting():
-                x = checkpoint(block, x)
-            else:
-                x = block(x)
+            x = checkpoint(block, x) if self.grad_checkpointing and not torch.jit.is_scripting() else block(x)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         if output_fmt == "NCHW":
