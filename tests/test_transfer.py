@@ -76,9 +76,6 @@ def test_impossible_resolutions_are_clear_errors():
     resmlp_model = resmlp.create_model("resmlp_s12", img_size=32, patch_size=8, dim=16, depth=1)
     with pytest.raises(ValueError, match="not a multiple of the patch size 8.*try 40 or 48"):
         change_resolution(resmlp_model, 44)
-    mixer = resmlp.create_model("mixer_s16", **MIXER)
-    with pytest.raises(ValueError, match="integer multiple of its resolution 32"):
-        change_resolution(mixer, 48)
     with pytest.raises(ValueError, match="not 'linear'"):
         expand_token_mixing(resmlp_model, 2)
 
@@ -89,3 +86,22 @@ def test_convolutional_cross_patch_moves_unchanged():
     big = change_resolution(model, 64)
     torch.testing.assert_close(big.blocks[0].cross_patch.conv.weight, model.blocks[0].cross_patch.conv.weight)
     assert big(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
+
+
+def test_mixer_to_a_non_integer_grid_ratio_resamples_the_token_mlp():
+    """48/32 is no integer ratio: the token-MLP keeps its width and its token dimension is resampled."""
+    mixer = make_trained_like_(resmlp.create_model("mixer_s16", **MIXER)).eval()
+    with torch.no_grad():  # token MLPs that treat every token alike (weights constant over tokens)
+        for block in mixer.blocks:
+            fc1, fc2 = block.cross_patch.fc1, block.cross_patch.fc2
+            fc1.weight.copy_(torch.randn(fc1.out_features, 1).expand_as(fc1.weight) / fc1.in_features)
+            fc2.weight.copy_(torch.randn(1, fc2.in_features).expand_as(fc2.weight) / fc2.in_features)
+            fc2.bias.fill_(0.1)
+    moved = change_resolution(mixer, 48).eval()
+    fc1 = moved.blocks[0].cross_patch.fc1
+    assert (fc1.out_features, fc1.in_features) == (mixer.blocks[0].cross_patch.fc1.out_features, 36)
+    # a uniform image: the resampled MLP sums 36 equal tokens as the original summed 16, so the logits agree
+    with torch.no_grad():
+        small = mixer(torch.full((1, 3, 32, 32), 0.3))
+        big = moved(torch.full((1, 3, 48, 48), 0.3))
+    assert (small - big).abs().max() < 1e-4

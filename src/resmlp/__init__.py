@@ -44,12 +44,13 @@ def __dir__() -> list[str]:
 
 
 def _register_with_timm() -> None:
-    """Importing the registry registers the presets (its last line). While our own model modules are being
-    imported (they import timm themselves) the registry is on its way and this must not import it early."""
-    chain = ("resmlp.models", "resmlp.models.registry", "resmlp.models.resmlp", "resmlp.layers")
-    if any(getattr(getattr(sys.modules.get(m), "__spec__", None), "_initializing", False) for m in chain):
+    """Importing resmlp.models registers the presets (resmlp.models.pretrained's last line). While our own model
+    modules are being imported (they import timm themselves) that is on its way and must not start early."""
+    if any(name == "resmlp.layers" or name.startswith("resmlp.models")
+           for name, module in list(sys.modules.items())
+           if getattr(getattr(module, "__spec__", None), "_initializing", False)):
         return
-    importlib.import_module("resmlp.models.registry")
+    importlib.import_module("resmlp.models")
 
 
 class _AfterTimmImport(importlib.abc.MetaPathFinder):

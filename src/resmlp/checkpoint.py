@@ -1,12 +1,8 @@
-"""Checkpoint files: this project's safetensors format, timm / DeiT state dicts, conversion both ways.
+"""Checkpoint files: this project's safetensors format, timm / DeiT / DINO files, conversion both ways.
 
-Formats (detected from the keys):
-- ``resmlp``: this project's names (``cross_patch``, ``channel_mlp``, ``*_scale.gamma``); the
-  safetensors file carries the model config (and any extra metadata) so it rebuilds the model alone.
-- ``timm_resmlp``: timm's ResMLP (``linear_tokens``, ``ls1``, ``stem.proj``, Affine shaped (1, 1, dim)).
-- ``deit_resmlp``: the DeiT repository's files (``attn``, ``gamma_1``, ``patch_embed.proj``), flat or
-  under ``model``.
-- ``timm_mixer``: timm's MLP-Mixer (``mlp_tokens``, ``mlp_channels``).
+This project's safetensors file carries the model config (and any extra metadata) so it rebuilds the model
+alone. The other code bases' key layouts, and how training checkpoints wrap them, are described (and
+converted) in `resmlp.models.formats`.
 """
 
 from __future__ import annotations
@@ -26,42 +22,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from resmlp.models.formats import (  # noqa: F401 (the key maps are part of this module's API)
+    FORMATS,
+    CheckpointError,
+    detect_format,
+    from_resmlp_keys,
+    to_resmlp_keys,
+    unwrap_state_dict,
+)
 from resmlp.models.resmlp import ResMLP, ResMLPConfig
-
-FORMATS = ("resmlp", "timm_resmlp", "deit_resmlp", "timm_mixer")
-
-# per-block key prefixes: this project's name -> the other format's name
-_BLOCK_NAMES: dict[str, dict[str, str]] = {
-    "timm_resmlp": {
-        "cross_patch_norm.": "norm1.",
-        "cross_patch_scale.gamma": "ls1",
-        "cross_patch.": "linear_tokens.",
-        "channel_norm.": "norm2.",
-        "channel_mlp.": "mlp_channels.",
-        "channel_scale.gamma": "ls2",
-    },
-    "deit_resmlp": {
-        "cross_patch_norm.": "norm1.",
-        "cross_patch_scale.gamma": "gamma_1",
-        "cross_patch.": "attn.",
-        "channel_norm.": "norm2.",
-        "channel_mlp.": "mlp.",
-        "channel_scale.gamma": "gamma_2",
-    },
-    "timm_mixer": {
-        "cross_patch_norm.": "norm1.",
-        "cross_patch.": "mlp_tokens.",
-        "channel_norm.": "norm2.",
-        "channel_mlp.": "mlp_channels.",
-    },
-}
-_TOP_NAMES: dict[str, dict[str, str]] = {"deit_resmlp": {"stem.": "patch_embed."}}
-# formats whose Affine parameters are stored as (1, 1, dim)
-_AFFINE_3D = ("timm_resmlp", "deit_resmlp")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that can't be read or doesn't fit the model; the message says why and what to do."""
 
 
 class WeightsUnavailableError(RuntimeError):
@@ -118,14 +87,11 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
             raise CheckpointError(f"{path} is not a readable safetensors file ({e}); it may be truncated or "
                                   "of another format: re-download or re-save it") from None
         return tensors, _decode_metadata(raw_meta)
-    obj = torch_load(path)
-    for key in ("model", "state_dict", "model_ema", "module"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-            break
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise CheckpointError(f"{path} holds no state dict (a dict of tensors, flat or under 'model')")
-    return {k.removeprefix("module."): v for k, v in obj.items()}, {}
+    state_dict = unwrap_state_dict(torch_load(path))
+    if state_dict is None:
+        raise CheckpointError(f"{path} holds no state dict (a dict of tensors, flat or under one of "
+                              "'state_dict_ema', 'model_ema', 'state_dict', 'model', 'teacher', 'student')")
+    return state_dict, {}
 
 
 def _decode_metadata(raw: dict[str, str]) -> dict[str, Any]:
@@ -142,67 +108,6 @@ def _decode_metadata(raw: dict[str, str]) -> dict[str, Any]:
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The extra metadata saved with `save(..., metadata=...)` (class names, preprocessing...)."""
     return read_checkpoint(path)[1].get("extra", {})
-
-
-# ------------------------------------------------------------------------------------------ key maps
-def detect_format(state_dict: dict[str, torch.Tensor]) -> str:
-    """Which of FORMATS a state dict is in, from its key names."""
-    keys = list(state_dict)
-
-    def has(fragment: str) -> bool:
-        return any(fragment in k for k in keys)
-
-    if has(".cross_patch") or has(".channel_mlp."):
-        return "resmlp"
-    if has(".linear_tokens."):
-        return "timm_resmlp"
-    if has(".mlp_tokens."):
-        return "timm_mixer"
-    if has("patch_embed.proj.") and (has(".attn.") or has(".gamma_1")):
-        return "deit_resmlp"
-    raise CheckpointError(
-        f"unrecognised checkpoint keys (first: {keys[:4]}); expected a ResMLP or Mixer state dict in this "
-        f"project's, timm's or DeiT's format"
-    )
-
-
-def _rename(key: str, names: dict[str, str], top: dict[str, str]) -> str:
-    for src, dst in top.items():
-        if key.startswith(src):
-            return dst + key[len(src):]
-    parts = key.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blocks":
-        for src, dst in names.items():
-            if parts[2].startswith(src):
-                return f"blocks.{parts[1]}.{dst}{parts[2][len(src):]}"
-    return key
-
-
-def to_resmlp_keys(state_dict: dict[str, torch.Tensor], fmt: str | None = None) -> dict[str, torch.Tensor]:
-    """Convert a state dict from any of FORMATS to this project's names and shapes."""
-    fmt = fmt or detect_format(state_dict)
-    if fmt == "resmlp":
-        return dict(state_dict)
-    names = {v: k for k, v in _BLOCK_NAMES[fmt].items()}
-    top = {v: k for k, v in _TOP_NAMES.get(fmt, {}).items()}
-    out = {}
-    for key, value in state_dict.items():
-        if fmt in _AFFINE_3D and key.endswith((".alpha", ".beta")):
-            value = value.reshape(-1)
-        out[_rename(key, names, top)] = value
-    return out
-
-
-def from_resmlp_keys(state_dict: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
-    """Convert a state dict in this project's names to `fmt` ('timm_resmlp', 'deit_resmlp', 'timm_mixer')."""
-    if fmt == "resmlp":
-        return dict(state_dict)
-    out = {}
-    for key, value in state_dict.items():
-        if fmt in _AFFINE_3D and key.endswith((".alpha", ".beta")):
-            value = value.reshape(1, 1, -1)
-        out[_rename(key, _BLOCK_NAMES[fmt], _TOP_NAMES.get(fmt, {}))] = value
-    return out
 
 
 # ------------------------------------------------------------------------------------------ configs
@@ -256,10 +161,16 @@ def infer_config(state_dict: dict[str, torch.Tensor], **overrides: Any) -> ResML
 def load_checkpoint(model: ResMLP, path: str | Path, reset_head: bool = False) -> ResMLP:
     """Load weights of any supported format into `model` in place; `reset_head` keeps the model's head."""
     tensors, _ = read_checkpoint(path)
-    state_dict = to_resmlp_keys(tensors)
+    return load_state_into(model, to_resmlp_keys(tensors), path, reset_head)
+
+
+def load_state_into(model: ResMLP, state_dict: dict[str, torch.Tensor], source: str | Path,
+                    reset_head: bool = False) -> ResMLP:
+    """Load a state dict in this project's names into `model`, saying what differs (from `source`) if it
+    doesn't fit; `reset_head` keeps the model's head."""
     if reset_head:
         state_dict = {k: v for k, v in state_dict.items() if not k.startswith("head.")}
-    _check_fits(model, state_dict, path, ignore_head=reset_head)
+    _check_fits(model, state_dict, source, ignore_head=reset_head)
     model.load_state_dict(state_dict, strict=not reset_head)
     return model
 
@@ -324,7 +235,25 @@ def _build_from_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta
     model = ResMLP(config)
     _check_fits(model, state_dict, path, ignore_head=False)
     model.load_state_dict(state_dict)
+    model.pretrained_cfg = describe_checkpoint(model, meta.get("extra", {}))
     return model
+
+
+def describe_checkpoint(model: ResMLP, metadata: dict[str, Any]) -> dict[str, Any]:
+    """timm's pretrained_cfg of a model read from a file: its size and classes, and the evaluation
+    preprocessing (mean, std, crop, interpolation) stored in the file's metadata where there is one."""
+    cfg = dict(model.pretrained_cfg)
+    pre = metadata.get("preprocess")
+    if isinstance(pre, dict):
+        for key in ("mean", "std"):
+            if isinstance(pre.get(key), (list, tuple)):
+                cfg[key] = tuple(float(v) for v in pre[key])
+        for key, kind in (("crop_pct", float), ("interpolation", str)):
+            if key in pre:
+                cfg[key] = kind(pre[key])
+    if isinstance(metadata.get("class_names"), list):
+        cfg["label_names"] = [str(n) for n in metadata["class_names"]]
+    return cfg
 
 
 def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: dict[str, Any],
@@ -363,35 +292,51 @@ def save(model: torch.nn.Module, path: str | Path, metadata: dict[str, Any] | No
     return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=raw_meta))
 
 
-def export_checkpoint(model: ResMLP, path: str | Path, format: str = "timm") -> Path:
-    """Write `model`'s weights for other code bases: format 'timm', 'deit' or 'resmlp'.
+EXPORT_FORMATS = ("timm", "deit", "dino", "resmlp")
 
-    A .safetensors suffix writes safetensors, anything else a torch file (DeiT's files hold {'model': ...}).
+
+def export_checkpoint(model: ResMLP, path: str | Path, format: str = "timm") -> Path:
+    """Write `model`'s weights for other code bases: format 'timm', 'deit', 'dino' or 'resmlp'.
+
+    - timm: timm's key names and shapes (load with timm.create_model(..., checkpoint_path=...)).
+    - deit: the DeiT repository's (resmlp_models.py: 1-D Affine and LayerScale), as {'model': ...}.
+    - dino: a DINO backbone file, {'teacher': {'backbone.<DeiT keys>': ...}} without the classifier, the
+      layout DINO's eval_knn.py / eval_linear.py read with --checkpoint_key teacher.
+    A .safetensors suffix writes safetensors (flat DeiT keys for 'deit'), anything else a torch file.
     """
-    cfg = model.config
     if format == "resmlp":
         return save(model, path)
-    is_resmlp = (cfg.cross_patch == "linear" and cfg.norm == "affine" and cfg.layerscale)
-    is_mixer = (cfg.cross_patch == "mlp" and cfg.norm == "layernorm" and not cfg.layerscale)
-    expressible = cfg.pooling == "avg" and not cfg.pos_embed and cfg.act == "gelu"
-    if format == "timm" and expressible and (is_resmlp or is_mixer):
-        fmt = "timm_resmlp" if is_resmlp else "timm_mixer"
-    elif format == "deit" and expressible and is_resmlp:
-        fmt = "deit_resmlp"
-    elif format in ("timm", "deit"):
-        raise CheckpointError(
-            f"this model (cross_patch={cfg.cross_patch}, norm={cfg.norm}, pooling={cfg.pooling}, "
-            f"pos_embed={cfg.pos_embed}, act={cfg.act}) has no equivalent in {format}'s ResMLP/Mixer code; "
-            "save it in this project's format instead (format='resmlp')"
-        )
-    else:
-        raise ValueError(f"unknown export format {format!r}; choose timm, deit or resmlp")
-    tensors = from_resmlp_keys({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, fmt)
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+    fmt = _foreign_layout(model.config, format)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if format == "dino":
+        state = {k: v for k, v in state.items() if not k.startswith("head.")}
+    tensors = from_resmlp_keys(state, fmt)
     path = Path(path)
     if path.suffix == ".safetensors":
         return atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
-    payload = {"model": tensors} if fmt == "deit_resmlp" else tensors
+    if format == "dino":
+        payload: dict[str, Any] = {"teacher": {f"backbone.{k}": v for k, v in tensors.items()}}
+    else:
+        payload = {"model": tensors} if format == "deit" else tensors
     return atomic_write(path, lambda tmp: torch.save(payload, tmp))
+
+
+def _foreign_layout(cfg: ResMLPConfig, format: str) -> str:
+    """The key layout `format` writes this configuration in; CheckpointError if that code base can't express it."""
+    is_resmlp = cfg.cross_patch == "linear" and cfg.norm == "affine" and cfg.layerscale
+    is_mixer = cfg.cross_patch == "mlp" and cfg.norm == "layernorm" and not cfg.layerscale
+    expressible = cfg.pooling == "avg" and not cfg.pos_embed and cfg.act == "gelu"
+    if expressible and format == "timm" and (is_resmlp or is_mixer):
+        return "timm_resmlp" if is_resmlp else "timm_mixer"
+    if expressible and format in ("deit", "dino") and is_resmlp:
+        return "deit_resmlp"
+    raise CheckpointError(
+        f"this model (cross_patch={cfg.cross_patch}, norm={cfg.norm}, pooling={cfg.pooling}, "
+        f"pos_embed={cfg.pos_embed}, act={cfg.act}) has no equivalent in {format}'s ResMLP/Mixer code; "
+        "save it in this project's format instead (format='resmlp')"
+    )
 
 
 # ------------------------------------------------------------------------------------------ downloads

@@ -206,8 +206,11 @@ class LoadedModel:
         return int(getattr(self.model, "num_classes", 0))
 
     def names(self) -> list[str]:
-        """Class names, `class_<i>` where the checkpoint has none."""
-        return self.class_names or [f"class_{i}" for i in range(self.num_classes)]
+        """Class names: the checkpoint's, ImageNet's for a published 1k / 21k head, else `class_<i>`."""
+        from resmlp.models.pretrained import imagenet_class_names
+
+        return (self.class_names or imagenet_class_names(self.num_classes)
+                or [f"class_{i}" for i in range(self.num_classes)])
 
 
 def load_for_inference(path: str | Path, dataset: str | None = None) -> LoadedModel:

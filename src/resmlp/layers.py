@@ -103,7 +103,9 @@ class CrossPatchMlp(Mlp):
     """Token-mixing MLP N -> hidden -> N applied to every channel (Table 3 'linear -> MLP', Mixer)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.transpose(1, 2)).transpose(1, 2)
+        # timm's Mlp.forward spelled out: TorchScript can't compile super() calls
+        x = self.drop1(self.act(self.fc1(x.transpose(1, 2))))
+        return self.drop2(self.fc2(self.norm(x))).transpose(1, 2)
 
 
 class CrossPatchConv(nn.Module):

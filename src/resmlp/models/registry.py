@@ -39,6 +39,7 @@ class PublishedWeights:
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     crop_pct: float = 0.9
+    hf_hub_id: str | None = None  # timm's copy of the same weights on the Hugging Face Hub (timm's layout)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -46,35 +47,59 @@ _FB = "https://dl.fbaipublicfiles.com/deit/"
 _JX = "https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/"
 _MIXER = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=0.875)
 
+
+def _hub(timm_name: str) -> str:
+    return f"timm/{timm_name}"
+
 # preset -> tag -> weights; the first tag is the default. Sources: the DeiT repository's ResMLP model
 # zoo and timm's pretrained configs. The published "ResMLP-B24" weights are the 8x8-patch model.
 PUBLISHED: dict[str, dict[str, PublishedWeights]] = {
     "resmlp_s12": {
-        "fb_in1k": PublishedWeights(_FB + "resmlp_12_no_dist.pth"),
-        "fb_distilled_in1k": PublishedWeights(_FB + "resmlp_12_dist.pth"),
-        "fb_dino": PublishedWeights(_FB + "resmlp_12_dino.pth", num_classes=0),
+        "fb_in1k": PublishedWeights(_FB + "resmlp_12_no_dist.pth", hf_hub_id=_hub("resmlp_12_224.fb_in1k")),
+        "fb_distilled_in1k": PublishedWeights(
+            _FB + "resmlp_12_dist.pth", hf_hub_id=_hub("resmlp_12_224.fb_distilled_in1k")
+        ),
+        "fb_dino": PublishedWeights(_FB + "resmlp_12_dino.pth", num_classes=0, hf_hub_id=_hub("resmlp_12_224.fb_dino")),
     },
     "resmlp_s24": {
-        "fb_in1k": PublishedWeights(_FB + "resmlp_24_no_dist.pth"),
-        "fb_distilled_in1k": PublishedWeights(_FB + "resmlp_24_dist.pth"),
-        "fb_dino": PublishedWeights(_FB + "resmlp_24_dino.pth", num_classes=0),
+        "fb_in1k": PublishedWeights(_FB + "resmlp_24_no_dist.pth", hf_hub_id=_hub("resmlp_24_224.fb_in1k")),
+        "fb_distilled_in1k": PublishedWeights(
+            _FB + "resmlp_24_dist.pth", hf_hub_id=_hub("resmlp_24_224.fb_distilled_in1k")
+        ),
+        "fb_dino": PublishedWeights(_FB + "resmlp_24_dino.pth", num_classes=0, hf_hub_id=_hub("resmlp_24_224.fb_dino")),
     },
     "resmlp_s36": {
-        "fb_in1k": PublishedWeights(_FB + "resmlp_36_no_dist.pth"),
-        "fb_distilled_in1k": PublishedWeights(_FB + "resmlp_36_dist.pth"),
+        "fb_in1k": PublishedWeights(_FB + "resmlp_36_no_dist.pth", hf_hub_id=_hub("resmlp_36_224.fb_in1k")),
+        "fb_distilled_in1k": PublishedWeights(
+            _FB + "resmlp_36_dist.pth", hf_hub_id=_hub("resmlp_36_224.fb_distilled_in1k")
+        ),
     },
     "resmlp_b24_p8": {
-        "fb_in1k": PublishedWeights(_FB + "resmlpB_24_no_dist.pth"),
-        "fb_distilled_in1k": PublishedWeights(_FB + "resmlpB_24_dist.pth"),
-        "fb_in22k_ft_in1k": PublishedWeights(_FB + "resmlpB_24_22k.pth"),
+        "fb_in1k": PublishedWeights(_FB + "resmlpB_24_no_dist.pth", hf_hub_id=_hub("resmlp_big_24_224.fb_in1k")),
+        "fb_distilled_in1k": PublishedWeights(
+            _FB + "resmlpB_24_dist.pth", hf_hub_id=_hub("resmlp_big_24_224.fb_distilled_in1k")
+        ),
+        "fb_in22k_ft_in1k": PublishedWeights(
+            _FB + "resmlpB_24_22k.pth", hf_hub_id=_hub("resmlp_big_24_224.fb_in22k_ft_in1k")
+        ),
     },
     "mixer_b16": {
-        "goog_in21k_ft_in1k": PublishedWeights(_JX + "jx_mixer_b16_224-76587d61.pth", **_MIXER),
-        "goog_in21k": PublishedWeights(_JX + "jx_mixer_b16_224_in21k-617b3de2.pth", num_classes=21843, **_MIXER),
+        "goog_in21k_ft_in1k": PublishedWeights(
+            _JX + "jx_mixer_b16_224-76587d61.pth", **_MIXER, hf_hub_id=_hub("mixer_b16_224.goog_in21k_ft_in1k")
+        ),
+        "goog_in21k": PublishedWeights(
+            _JX + "jx_mixer_b16_224_in21k-617b3de2.pth", num_classes=21843, **_MIXER,
+            hf_hub_id=_hub("mixer_b16_224.goog_in21k"),
+        ),
     },
     "mixer_l16": {
-        "goog_in21k_ft_in1k": PublishedWeights(_JX + "jx_mixer_l16_224-92f9adc4.pth", **_MIXER),
-        "goog_in21k": PublishedWeights(_JX + "jx_mixer_l16_224_in21k-846aa33c.pth", num_classes=21843, **_MIXER),
+        "goog_in21k_ft_in1k": PublishedWeights(
+            _JX + "jx_mixer_l16_224-92f9adc4.pth", **_MIXER, hf_hub_id=_hub("mixer_l16_224.goog_in21k_ft_in1k")
+        ),
+        "goog_in21k": PublishedWeights(
+            _JX + "jx_mixer_l16_224_in21k-846aa33c.pth", num_classes=21843, **_MIXER,
+            hf_hub_id=_hub("mixer_l16_224.goog_in21k"),
+        ),
     },
 }
 
@@ -131,20 +156,21 @@ def create_model(
 ) -> ResMLP:
     """Build preset `name`; optionally load published weights (`pretrained=True` or a tag) or a file.
 
-    When `num_classes` is overridden and differs from the weights' class count, the head is left freshly
-    initialised (the usual fine-tuning start).
+    The same builder as timm.create_model(name, ...): with weights, `num_classes` defaults to theirs; when it
+    is overridden and differs, the head is left freshly initialised (the usual fine-tuning start). Another
+    `img_size` (or `patch_size`) than the weights' refits the grid-tied weights (resmlp.models.resize).
     """
-    from resmlp.checkpoint import download_published, load_checkpoint
+    from resmlp.checkpoint import load_state_into, to_resmlp_keys
+    from resmlp.models.pretrained import build_preset, read_weights
+    from resmlp.models.resize import fit_state_dict
 
-    weights = published_weights(name, pretrained) if pretrained else None
-    if weights is not None and "num_classes" not in overrides:
-        overrides["num_classes"] = weights.num_classes
-    model = ResMLP(model_config(name, **overrides))
-    if weights is not None:
-        path = download_published(weights.url)
-        load_checkpoint(model, path, reset_head=model.config.num_classes != weights.num_classes)
+    model_config(name)  # unknown names fail here, with suggestions
+    tag = pretrained if isinstance(pretrained, str) else None
+    model = build_preset(name, pretrained=bool(pretrained), pretrained_cfg=tag, **overrides)
     if checkpoint_path is not None:
-        load_checkpoint(model, checkpoint_path, reset_head="num_classes" in overrides)
+        target = {k: v.shape for k, v in model.state_dict().items()}
+        state_dict = fit_state_dict(to_resmlp_keys(read_weights(checkpoint_path)), target)
+        load_state_into(model, state_dict, checkpoint_path, reset_head="num_classes" in overrides)
     return model
 
 
@@ -159,32 +185,3 @@ def published_weights(name: str, tag: bool | str = True) -> PublishedWeights:
     if tag not in tags:
         raise ValueError(f"{name!r} has no weights tagged {tag!r}; tags: {', '.join(tags)}")
     return tags[tag]
-
-
-_TIMM_ONLY_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
-
-
-def _timm_entrypoint(name: str):
-    def entrypoint(pretrained: bool = False, **kwargs: Any) -> ResMLP:
-        for key in _TIMM_ONLY_KWARGS:
-            kwargs.pop(key, None)
-        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
-        model = create_model(name, pretrained=pretrained, **kwargs)
-        return model.to(device=device, dtype=dtype) if (device or dtype) else model
-
-    entrypoint.__name__ = entrypoint.__qualname__ = name
-    entrypoint.__module__ = __name__
-    entrypoint.__doc__ = f"resmlp preset {name} ({PRESETS[name]})"
-    return entrypoint
-
-
-def register_with_timm() -> None:
-    """Make every preset available as timm.create_model(name)."""
-    from timm.models import is_model, register_model
-
-    for name in PRESETS:
-        if not is_model(name):
-            register_model(_timm_entrypoint(name))
-
-
-register_with_timm()  # `import resmlp` + `import timm`, in either order, make every preset a timm model
