@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pickle
 import socket
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+# CheckpointError and atomic_write moved to resmlp.errors / resmlp.fileio; importable from here as before
+from resmlp.errors import CheckpointError
+from resmlp.fileio import atomic_write
 from resmlp.models.resmlp import ResMLP, ResMLPConfig
 
 FORMATS = ("resmlp", "timm_resmlp", "deit_resmlp", "timm_mixer")
@@ -60,30 +61,11 @@ _TOP_NAMES: dict[str, dict[str, str]] = {"deit_resmlp": {"stem.": "patch_embed."
 _AFFINE_3D = ("timm_resmlp", "deit_resmlp")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file that can't be read or doesn't fit the model; the message says why and what to do."""
-
-
 class WeightsUnavailableError(RuntimeError):
     """Published weights could not be fetched; the message names the file to place by hand."""
 
 
 # ------------------------------------------------------------------------------------------ files
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp)` then rename tmp over `path`, so a crash never leaves a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def torch_load(path: str | Path) -> Any:
     """torch.load with weights_only=True and errors that explain what is wrong with the file."""
     path = Path(path)
