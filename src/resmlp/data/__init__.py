@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from torch.utils.data import Dataset
 from torchvision import transforms
@@ -17,6 +16,7 @@ from resmlp.data import fashion_mnist as _fmnist
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.fashion_mnist import fashion_mnist, read_idx
 from resmlp.data.folder import SkippingImageFolder
+from resmlp.data.images import open_image
 from resmlp.data.permute import PixelPermutation, pixel_permutation
 from resmlp.data.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
 from resmlp.data.synthetic import synthetic
@@ -96,13 +96,9 @@ class Preprocess:
         ])
 
     def load(self, path: str | Path) -> torch.Tensor:
-        """One image file as a normalised (C, H, W) tensor; ValueError naming the file if it can't be read."""
-        try:
-            with Image.open(path) as img:
-                img = img.convert("L" if self.in_chans == 1 else "RGB")
-        except (UnidentifiedImageError, OSError, SyntaxError) as e:
-            raise ValueError(f"cannot read image {path}: {e}") from None
-        return self.transform()(img)
+        """One image file as a normalised (C, H, W) tensor; DataError (a ValueError) naming the file if it
+        can't be read or is too large (resmlp.data.images.open_image)."""
+        return self.transform()(open_image(path, self.in_chans))
 
 
 def dataset_stats(kind: str, in_chans: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
