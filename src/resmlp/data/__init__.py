@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from resmlp.data.images import open_image
 from resmlp.data.permute import PixelPermutation, pixel_permutation
 from resmlp.data.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
 from resmlp.data.synthetic import synthetic
+from resmlp.errors import CheckpointError
 
 if TYPE_CHECKING:
     from resmlp.models.resmlp import ResMLP
@@ -74,9 +76,25 @@ class Preprocess:
             made = cls(int(pre["img_size"]), int(pre.get("in_chans", len(pre["mean"]))),
                        tuple(float(v) for v in pre["mean"]), tuple(float(v) for v in pre["std"]),
                        float(pre.get("crop_pct", 1.0)), str(pre.get("interpolation", "bicubic")))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs img_size, "
-                             "mean, std (and optionally crop_pct, interpolation, in_chans)") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CheckpointError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs "
+                                  "img_size, mean, std (and optionally crop_pct, interpolation, in_chans)") from None
+        # each value checked once, here: a bad one would divide by zero or scale images silently later
+        problems = [
+            (made.img_size >= 1, "img_size", "must be a positive number of pixels"),
+            (made.in_chans >= 1, "in_chans", "must be a positive number of channels"),
+            (0.0 < made.crop_pct <= 1.0, "crop_pct", "must be in (0, 1] (the centre crop's share of the image)"),
+            (len(made.mean) in (1, 3, made.in_chans), "mean", f"needs 1, 3 or in_chans={made.in_chans} values"),
+            (len(made.std) == len(made.mean), "std", "needs as many values as mean"),
+            (all(math.isfinite(v) for v in made.mean), "mean", "must be finite"),
+            (all(math.isfinite(v) and v > 0 for v in made.std), "std", "must be finite and > 0"),
+            (made.interpolation in {m.value for m in transforms.InterpolationMode}, "interpolation",
+             f"must be one of {', '.join(m.value for m in transforms.InterpolationMode)}"),
+        ]
+        for ok, field, rule in problems:
+            if not ok:
+                raise CheckpointError(f"checkpoint preprocess metadata: {field}={getattr(made, field)!r} {rule}; "
+                                      "fix the metadata (see docs/inference.md)")
         if cfg is not None and (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
             raise ValueError(f"checkpoint preprocess metadata says {made.in_chans}x{made.img_size}px but the model "
                              f"takes {cfg.in_chans}x{cfg.img_size}px; fix the metadata")
