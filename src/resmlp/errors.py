@@ -59,8 +59,8 @@ def user_message(exc: BaseException) -> str | None:
 
     Project errors and ValueErrors keep their text; an OSError gets its errno explained and its file
     named; YAML syntax errors and PIL's refusals (decompression bombs, unidentified images) become one line.
-    A RuntimeError counts as a user error only when this package raised it (e.g. "no CUDA GPU is visible")
-    or memory ran out; from inside torch it is a bug.
+    A RuntimeError counts as a user error only when a `raise` of this package raised it (e.g. "no CUDA GPU
+    is visible") or memory ran out; from inside torch it is a bug.
     """
     import yaml
 
@@ -94,9 +94,13 @@ def _is_pil_refusal(exc: BaseException) -> bool:
 
 
 def _raised_here(exc: BaseException) -> bool:
-    """Whether the innermost frame of the traceback is this package's code (not torch's)."""
+    """Whether a `raise` statement of this package raised it (not torch, whose C++ errors show up as if
+    raised by the line of our code that called it)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(_PACKAGE_DIR)
+    if not frames:
+        return False
+    last = frames[-1]
+    return Path(last.filename).resolve().is_relative_to(_PACKAGE_DIR) and (last.line or "").startswith("raise")
 
 
 def _one_line(text: str) -> str:
