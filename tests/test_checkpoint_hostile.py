@@ -12,9 +12,11 @@ from safetensors.torch import save_file
 
 import resmlp
 from resmlp.checkpoint import read_checkpoint
-from resmlp.data import Preprocess
 from resmlp.errors import CheckpointError
-from resmlp.inference import predict
+from resmlp.inference import (
+    Preprocess,  # where it lives may change; inference re-exports it
+    predict,
+)
 from tests.conftest import make_trained_like_
 
 TINY = dict(img_size=16, patch_size=8, dim=8, depth=2, num_classes=3)

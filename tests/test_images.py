@@ -12,9 +12,10 @@ import torch
 from PIL import Image
 
 import resmlp
-from resmlp.data import Preprocess, SkippingImageFolder, collate_skipping
+from resmlp.data import SkippingImageFolder, collate_skipping
 from resmlp.data.images import open_image
 from resmlp.errors import DataError
+from resmlp.inference import Preprocess  # where it lives may change; inference re-exports it
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:

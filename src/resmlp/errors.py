@@ -47,7 +47,7 @@ _OS_ADVICE = {
     errno.ENOTDIR: "a component of the path is a file, not a folder",
     errno.EISDIR: "the path is a folder, a file was expected",
     errno.ENOENT: "no such file or folder",
-    errno.EEXIST: "it already exists",
+    errno.EEXIST: "it already exists (a file where a folder is needed?)",
     errno.ENAMETOOLONG: "the file name is too long",
     errno.EMFILE: "too many open files; lower the number of data workers",
 }

@@ -49,7 +49,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """
     path = Path(path)
     _make_folder(path.parent)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
+    except OSError as e:  # name the file the user asked for, not our temporary
+        raise type(e)(e.errno, e.strerror, str(path)) from None
     tmp = Path(name)
     try:
         # mkstemp makes the file private (0600); a finished file gets the usual permissions
