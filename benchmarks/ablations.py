@@ -24,8 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from resmlp.checkpoint import atomic_write
 from resmlp.complexity import complexity
+from resmlp.fileio import atomic_write
 from resmlp.train import train
 from resmlp.train.config import load_config
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from resmlp.checkpoint import atomic_write
+from resmlp.fileio import atomic_write
 from resmlp.train import train
 
 MODES = ("none", "patch", "global")

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from resmlp.seq2seq.decoding import beam_search, greedy
+from resmlp.errors import ConfigError
+from resmlp.seq2seq.decoding import MAX_BEAM, beam_search, greedy
 from resmlp.seq2seq.model import Memory, build_model, model_config
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
@@ -127,3 +128,11 @@ def test_beam_search_respects_max_len_and_ends_every_hypothesis():
     src = torch.randint(3, 19, (3, 5), generator=torch.Generator().manual_seed(4))
     out = beam_search(model, src, beam=4, max_len=3)
     assert len(out) == 3 and all(len(x) <= 2 for x in out)  # 3 positions: at most 2 tokens + EOS
+
+
+@pytest.mark.parametrize("beam", [0, -3, MAX_BEAM + 1, 100_000, 2.5])
+def test_beam_sizes_out_of_range_are_refused_with_a_message_before_any_work(beam):
+    model = random_model("resmlp")
+    with pytest.raises(ConfigError, match=rf"beam size must be a whole number from 1 to {MAX_BEAM}"):
+        beam_search(model, torch.randint(3, 19, (1, 4)), beam=beam)
+    assert len(beam_search(model, torch.randint(3, 19, (1, 4)), beam=MAX_BEAM)) == 1

@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pickle
 import socket
+import warnings
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from resmlp.fileio import atomic_write  # noqa: F401 (moved to resmlp.fileio; importable here as before)
 from resmlp.models.formats import (  # noqa: F401 (the key maps are part of this module's API)
     FORMATS,
     CheckpointError,
@@ -38,21 +38,6 @@ class WeightsUnavailableError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------ files
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp)` then rename tmp over `path`, so a crash never leaves a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def torch_load(path: str | Path) -> Any:
     """torch.load with weights_only=True and errors that explain what is wrong with the file."""
     path = Path(path)
@@ -73,8 +58,13 @@ def torch_load(path: str | Path) -> Any:
                               "re-save it") from None
 
 
-def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Tensors of a checkpoint file (.safetensors, or a torch pickle read weights-only) and its metadata."""
+def read_checkpoint(path: str | Path, allow_nonfinite: bool = False
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors of a checkpoint file (.safetensors, or a torch pickle read weights-only) and its metadata.
+
+    Refuses (CheckpointError) malformed metadata and NaN/infinite values, naming the first bad tensor;
+    `allow_nonfinite=True` only warns about them.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -84,30 +74,74 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
                 raw_meta = f.metadata() or {}
                 tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         except Exception as e:  # safetensors raises its own error types for bad headers and short files
-            raise CheckpointError(f"{path} is not a readable safetensors file ({e}); it may be truncated or "
-                                  "of another format: re-download or re-save it") from None
-        return tensors, _decode_metadata(raw_meta)
-    state_dict = unwrap_state_dict(torch_load(path))
-    if state_dict is None:
-        raise CheckpointError(f"{path} holds no state dict (a dict of tensors, flat or under one of "
-                              "'state_dict_ema', 'model_ema', 'state_dict', 'model', 'teacher', 'student')")
-    return state_dict, {}
+            raise _unreadable(path, e) from None
+        meta = _decode_metadata(raw_meta, path)
+    else:
+        tensors = unwrap_state_dict(torch_load(path))
+        if tensors is None:
+            raise CheckpointError(f"{path} holds no state dict (a dict of tensors, flat or under one of "
+                                  "'state_dict_ema', 'model_ema', 'state_dict', 'model', 'teacher', 'student')")
+        meta = {}
+    _check_finite(tensors, path, allow_nonfinite)
+    return tensors, meta
 
 
-def _decode_metadata(raw: dict[str, str]) -> dict[str, Any]:
+def _unreadable(path: Path, error: Exception) -> CheckpointError:
+    return CheckpointError(f"{path} is not a readable safetensors file ({error}); it may be truncated or of "
+                           "another format: re-download or re-save it")
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], path: Path, allow_nonfinite: bool) -> None:
+    """NaN or infinite weights make every prediction meaningless (a score of chance, silently)."""
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+            continue
+        bad = int((~torch.isfinite(tensor)).sum())
+        message = (f"{path}: tensor {name!r} holds {bad} NaN/infinite value(s) of {tensor.numel()}; the weights "
+                   "are broken (a diverged run?): use an earlier checkpoint")
+        if not allow_nonfinite:
+            raise CheckpointError(message + " (allow_nonfinite=True loads them anyway, with a warning)")
+        warnings.warn(message, stacklevel=3)
+        return
+
+
+def _decode_metadata(raw: dict[str, str], path: Path | str = "checkpoint") -> dict[str, Any]:
+    """The JSON entries of a safetensors header, checked for the shapes this project writes."""
     meta: dict[str, Any] = {}
     for key in ("config", "timm", "extra"):
         if key in raw:
             try:
                 meta[key] = json.loads(raw[key])
             except json.JSONDecodeError as e:
-                raise CheckpointError(f"checkpoint metadata {key!r} is not valid JSON ({e})") from None
+                raise CheckpointError(f"{path}: metadata {key!r} is not valid JSON ({e})") from None
+            if not isinstance(meta[key], dict):
+                raise CheckpointError(f"{path}: metadata {key!r} must be a JSON object, not "
+                                      f"{type(meta[key]).__name__} ({raw[key][:80]!r}); re-save the file")
+    spec = meta.get("timm")
+    if spec is not None:
+        spec.setdefault("kwargs", {})
+        if not isinstance(spec.get("name"), str) or not isinstance(spec["kwargs"], dict):
+            raise CheckpointError(f"{path}: metadata 'timm' must be {{\"name\": str, \"kwargs\": {{...}}}}, got "
+                                  f"{raw['timm'][:120]!r}")
     return meta
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
-    """The extra metadata saved with `save(..., metadata=...)` (class names, preprocessing...)."""
-    return read_checkpoint(path)[1].get("extra", {})
+    """The extra metadata saved with `save(..., metadata=...)` (class names, preprocessing...).
+
+    Reads only the file's header for safetensors files, not its tensors.
+    """
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        return read_checkpoint(path)[1].get("extra", {})
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw_meta = f.metadata() or {}
+    except Exception as e:  # safetensors raises its own error types for bad headers and short files
+        raise _unreadable(path, e) from None
+    return _decode_metadata(raw_meta, path).get("extra", {})
 
 
 # ------------------------------------------------------------------------------------------ configs
@@ -158,9 +192,10 @@ def infer_config(state_dict: dict[str, torch.Tensor], **overrides: Any) -> ResML
 
 
 # ------------------------------------------------------------------------------------------ loading
-def load_checkpoint(model: ResMLP, path: str | Path, reset_head: bool = False) -> ResMLP:
+def load_checkpoint(model: ResMLP, path: str | Path, reset_head: bool = False,
+                    allow_nonfinite: bool = False) -> ResMLP:
     """Load weights of any supported format into `model` in place; `reset_head` keeps the model's head."""
-    tensors, _ = read_checkpoint(path)
+    tensors, _ = read_checkpoint(path, allow_nonfinite)
     return load_state_into(model, to_resmlp_keys(tensors), path, reset_head)
 
 
@@ -175,51 +210,75 @@ def load_state_into(model: ResMLP, state_dict: dict[str, torch.Tensor], source: 
     return model
 
 
-def _check_fits(model: ResMLP, state_dict: dict[str, torch.Tensor], path: str | Path, ignore_head: bool) -> None:
-    expected = {k: v.shape for k, v in model.state_dict().items() if not (ignore_head and k.startswith("head."))}
+def _check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], path: str | Path,
+                ignore_head: bool) -> None:
+    expected = {k: v for k, v in model.state_dict().items() if not (ignore_head and k.startswith("head."))}
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(state_dict) if state_dict[k].shape != expected[k])
-    if not (missing or unexpected or wrong):
+    common = sorted(set(expected) & set(state_dict))
+    wrong = [k for k in common if state_dict[k].shape != expected[k].shape]
+    # load_state_dict would cast int8/bool values into float parameters without a word: a garbage model
+    not_float = [k for k in common if expected[k].is_floating_point() and not state_dict[k].is_floating_point()]
+    if not (missing or unexpected or wrong or not_float):
         return
-    lines = [f"{path} does not fit this model ({_describe(model.config)}):"]
-    try:
-        try:
-            theirs = infer_config(state_dict)
-        except CheckpointError:  # convolutional/none cross-patch: the size isn't in the weights
-            theirs = infer_config(state_dict, img_size=model.config.img_size)
-        diffs = [f"{f}: checkpoint {getattr(theirs, f)!r}, model {getattr(model.config, f)!r}"
-                 for f in ("dim", "depth", "patch_size", "img_size", "in_chans", "num_classes", "cross_patch",
-                           "norm", "pooling", "pos_embed", "mlp_ratio")
-                 if getattr(theirs, f) != getattr(model.config, f)]
-        lines += [f"  {d}" for d in diffs]
-    except (CheckpointError, ValueError, KeyError):
-        pass
+    lines = [f"{path} does not fit this model ({_describe(model)}):"]
+    if isinstance(model, ResMLP):
+        lines += [f"  {d}" for d in _config_differences(state_dict, model.config) or []]
     for label, keys in (("missing", missing), ("unexpected", unexpected)):
         if keys:
             lines.append(f"  {label} keys ({len(keys)}): {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
     for k in wrong[:5]:
-        lines.append(f"  {k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(expected[k])}")
-    lines.append("Build the model from the file with resmlp.load(path), pass the matching preset, or use "
-                 "reset_head=True / num_classes=... when only the classifier differs.")
+        lines.append(f"  {k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(expected[k].shape)}")
+    for k in not_float[:5]:
+        lines.append(f"  {k}: checkpoint holds {state_dict[k].dtype} values where the model has "
+                     f"{expected[k].dtype} weights")
+    if isinstance(model, ResMLP):
+        lines.append("Build the model from the file with resmlp.load(path), pass the matching preset, or use "
+                     "reset_head=True / num_classes=... when only the classifier differs.")
+    else:
+        lines.append("Its metadata names an architecture its tensors are not: the file is corrupt or was edited.")
     raise CheckpointError("\n".join(lines))
 
 
-def _describe(cfg: ResMLPConfig) -> str:
+def _config_differences(state_dict: dict[str, torch.Tensor], config: ResMLPConfig) -> list[str] | None:
+    """'field: checkpoint X, model Y' for the architecture fields where the tensors and `config` differ;
+    None when the tensors don't form a ResMLP/Mixer that can be read."""
+    try:
+        try:
+            theirs = infer_config(state_dict)
+        except CheckpointError:  # convolutional/none cross-patch: the size isn't in the weights
+            theirs = infer_config(state_dict, img_size=config.img_size)
+    except (CheckpointError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    return [f"{f}: checkpoint {getattr(theirs, f)!r}, model {getattr(config, f)!r}"
+            for f in ("dim", "depth", "patch_size", "img_size", "in_chans", "num_classes", "cross_patch",
+                      "norm", "pooling", "pos_embed", "mlp_ratio")
+            if getattr(theirs, f) != getattr(config, f)]
+
+
+def _describe(model: torch.nn.Module) -> str:
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ResMLPConfig):
+        return type(model).__name__
     return f"dim {cfg.dim}, depth {cfg.depth}, {cfg.img_size}px/{cfg.patch_size}, {cfg.num_classes} classes"
 
 
-def load(path: str | Path, **overrides: Any) -> torch.nn.Module:
+def load(path: str | Path, allow_nonfinite: bool = False, **overrides: Any) -> torch.nn.Module:
     """Rebuild a model from a checkpoint alone: ours (config in the metadata), timm's or DeiT's.
 
     A file written by `save` for a timm model (e.g. a convnet teacher) rebuilds that timm model.
+    The architecture the metadata describes is checked against the file's tensors (names, shapes,
+    dtypes) on PyTorch's meta device, which allocates nothing, before the model is built: a tiny file
+    claiming a gigantic config is refused, not allocated. NaN/infinite weights are refused unless
+    `allow_nonfinite` (then a warning).
     """
-    return load_with_metadata(path, **overrides)[0]
+    return load_with_metadata(path, allow_nonfinite, **overrides)[0]
 
 
-def load_with_metadata(path: str | Path, **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+def load_with_metadata(path: str | Path, allow_nonfinite: bool = False,
+                       **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
     """`load` and `read_metadata` from one read of the file: the model and the metadata saved with it."""
-    tensors, meta = read_checkpoint(path)
+    tensors, meta = read_checkpoint(path, allow_nonfinite)
     return _build_from_tensors(path, tensors, meta, overrides), meta.get("extra", {})
 
 
@@ -229,11 +288,18 @@ def _build_from_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta
         return _load_timm_model(path, tensors, meta["timm"], overrides)
     state_dict = to_resmlp_keys(tensors)
     if "config" in meta:
-        config = ResMLPConfig.from_dict({**meta["config"], **overrides})
+        try:
+            config = ResMLPConfig.from_dict({**meta["config"], **overrides})
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: the model config in its metadata is invalid ({e}); re-save the "
+                                  "file or build the model yourself and use load_checkpoint") from None
     else:
         config = infer_config(state_dict, **overrides)
+    _check_config_bounds(config, state_dict, path)
+    with torch.device("meta"):
+        skeleton = ResMLP(config)
+    _check_fits(skeleton, state_dict, path, ignore_head=False)
     model = ResMLP(config)
-    _check_fits(model, state_dict, path, ignore_head=False)
     model.load_state_dict(state_dict)
     model.pretrained_cfg = describe_checkpoint(model, meta.get("extra", {}))
     return model
@@ -256,16 +322,63 @@ def describe_checkpoint(model: ResMLP, metadata: dict[str, Any]) -> dict[str, An
     return cfg
 
 
+def _check_config_bounds(config: ResMLPConfig, state_dict: dict[str, torch.Tensor], path: str | Path) -> None:
+    """The sizes that drive a model's memory (depth, width, classes, patches) must be those of the file's
+    tensors; checked on numbers alone so that even building on the meta device stays cheap."""
+    differences = _config_differences(state_dict, config)
+    if differences is None:
+        raise CheckpointError(f"{path}: its tensors (first: {list(state_dict)[:4]}) do not form a ResMLP or "
+                              "Mixer whose architecture can be read; the file is corrupt or of another model")
+    sizes = ("dim", "depth", "patch_size", "img_size", "in_chans", "num_classes")
+    mismatched = [d for d in differences if d.split(":")[0] in sizes]
+    if mismatched:
+        raise CheckpointError(f"{path}: the model config in its metadata does not match its tensors "
+                              f"({'; '.join(mismatched)}); the file is corrupt or was edited")
+
+
 def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: dict[str, Any],
                      overrides: dict[str, Any]) -> torch.nn.Module:
+    """The timm model that `spec` names, only if the file's tensors are exactly that model's."""
     import timm
 
-    model = timm.create_model(spec["name"], pretrained=False, **{**spec["kwargs"], **overrides})
+    name, kwargs = spec["name"], {**spec["kwargs"], **overrides}
+    if not timm.is_model(name):
+        raise CheckpointError(f"{path}: its metadata names timm model {name!r}, which timm "
+                              f"{timm.__version__} does not know")
+    bound = _size_bound(tensors)
+    oversized = [k for k, v in kwargs.items() if _largest_number(v) > bound]
+    if oversized:
+        raise CheckpointError(f"{path}: timm arguments {', '.join(f'{k}={kwargs[k]!r}' for k in oversized)} "
+                              f"exceed every size in the file's tensors ({bound}); the metadata was edited")
     try:
-        model.load_state_dict(tensors)
-    except RuntimeError as e:
-        raise CheckpointError(f"{path} does not fit timm's {spec['name']} with {spec['kwargs']}: {e}") from None
+        with torch.device("meta"):
+            skeleton = timm.create_model(name, pretrained=False, **kwargs)
+    except Exception as e:  # timm raises TypeError/ValueError/AssertionError... for arguments it can't take
+        raise CheckpointError(f"{path}: timm can't build {name} with {kwargs} ({type(e).__name__}: {e})") from None
+    _check_fits(skeleton, tensors, path, ignore_head=False)
+    model = timm.create_model(name, pretrained=False, **kwargs)
+    model.load_state_dict(tensors)
     return model
+
+
+def _size_bound(tensors: dict[str, torch.Tensor]) -> int:
+    """No architecture argument (a depth, a width, an image size) of a model can sensibly exceed the
+    largest dimension among its tensors and their count by much; 4x plus a floor leaves room for image
+    sizes of small convnets."""
+    largest = max((max(t.shape, default=1) for t in tensors.values()), default=1)
+    return 4 * max(largest, len(tensors)) + 1024
+
+
+def _largest_number(value: Any) -> float:
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, (int, float)):
+        return abs(value)
+    if isinstance(value, (list, tuple)):
+        return max((_largest_number(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return max((_largest_number(v) for v in value.values()), default=0)
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ saving

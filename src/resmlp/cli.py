@@ -12,6 +12,7 @@ import os
 import sys
 
 import resmlp
+from resmlp.errors import user_message
 
 # each module defines register(subparsers) and gives its parsers a `run(args) -> int` default
 COMMAND_MODULES = (
@@ -40,14 +41,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user's mistake (bad input, full disk, locked folder...) prints one message and
+    exits 2; a bug keeps its traceback. RESMLP_DEBUG=1 shows the traceback of every error."""
     args = build_parser().parse_args(argv)
+    debug = bool(os.environ.get("RESMLP_DEBUG"))
     try:
-        return int(args.run(args) or 0)
-    except (ValueError, FileNotFoundError, RuntimeError, KeyboardInterrupt) as e:
-        # bad input gets its message, not a stack trace; RESMLP_DEBUG=1 shows the trace
-        if os.environ.get("RESMLP_DEBUG") or not str(e):
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
+        return code
+    except BrokenPipeError:
+        # `resmlp ... | head`: stop quietly as Unix tools do (128 + SIGPIPE); stdout now points at devnull
+        # so that the interpreter's own flush at exit can't fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        if debug:
             raise
-        print(f"resmlp {args.command}: error: {e}", file=sys.stderr)
+        print(f"resmlp {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        message = None if debug else user_message(e)
+        if message is None:
+            raise
+        print(f"resmlp {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from resmlp.checkpoint import atomic_write
+from resmlp.fileio import atomic_write
 from resmlp.inference import optimize
 from resmlp.models.resmlp import ResMLP
 

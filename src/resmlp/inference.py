@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from resmlp.errors import CheckpointError
 from resmlp.folding import FusedBlock, fuse
 from resmlp.models.resmlp import ResMLP
 from resmlp.preprocess import Preprocess
@@ -183,8 +184,17 @@ def _quantize_linears(model: nn.Module) -> nn.Module:
 # ------------------------------------------------------------------------------------------ predict
 @torch.inference_mode()
 def predict(model: nn.Module, images: torch.Tensor, top_k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k softmax probabilities and class indices, each (B, k), for a preprocessed batch."""
-    probs = model(images).float().softmax(-1)
+    """Top-k softmax probabilities and class indices, each (B, k), for a preprocessed batch.
+
+    NaN or infinite logits (broken weights, an overflow in low precision) are an error, never a ranking.
+    """
+    logits = model(images).float()
+    finite = torch.isfinite(logits).all(dim=-1)
+    if not bool(finite.all()):
+        raise CheckpointError(f"the model gave NaN/infinite logits for {int((~finite).sum())} of {len(logits)} "
+                              "image(s); its weights are broken or overflow in this precision: use float32 or "
+                              "another checkpoint")
+    probs = logits.softmax(-1)
     return probs.topk(min(top_k, probs.shape[-1]), dim=-1)
 
 

@@ -10,15 +10,17 @@ statistics (ImageNet's for image folders) and timm's default crop, DEFAULT_CROP_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
 from timm.data import DEFAULT_CROP_PCT, create_transform
 
 from resmlp.data import dataset_stats
+from resmlp.data.images import open_image
+from resmlp.errors import CheckpointError
 
 if TYPE_CHECKING:
     from resmlp.data.batch_augment import BatchAugment
@@ -63,13 +65,31 @@ class Preprocess:
             made = cls(int(pre["img_size"]), int(pre.get("in_chans", len(pre["mean"]))),
                        tuple(float(v) for v in pre["mean"]), tuple(float(v) for v in pre["std"]),
                        float(pre.get("crop_pct", DEFAULT_CROP_PCT)), str(pre.get("interpolation", "bicubic")))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs img_size, "
-                             "mean, std (and optionally crop_pct, interpolation, in_chans)") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CheckpointError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs "
+                                  "img_size, mean, std (and optionally crop_pct, interpolation, in_chans)") from None
+        made.check()
         if cfg is not None and (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
             raise ValueError(f"checkpoint preprocess metadata says {made.in_chans}x{made.img_size}px but the model "
                              f"takes {cfg.in_chans}x{cfg.img_size}px; fix the metadata")
         return made
+
+    def check(self) -> None:
+        """Each value checked once, here: a bad one would divide by zero or scale images silently later."""
+        problems = [
+            (self.img_size >= 1, "img_size", "must be a positive number of pixels"),
+            (self.in_chans >= 1, "in_chans", "must be a positive number of channels"),
+            (0.0 < self.crop_pct <= 1.0, "crop_pct", "must be in (0, 1] (the centre crop's share of the image)"),
+            (len(self.mean) in (1, 3, self.in_chans), "mean", f"needs 1, 3 or in_chans={self.in_chans} values"),
+            (len(self.std) == len(self.mean), "std", "needs as many values as mean"),
+            (all(math.isfinite(v) for v in self.mean), "mean", "must be finite"),
+            (all(math.isfinite(v) and v > 0 for v in self.std), "std", "must be finite and > 0"),
+            (self.interpolation in INTERPOLATIONS, "interpolation", f"must be one of {', '.join(INTERPOLATIONS)}"),
+        ]
+        for ok, field, rule in problems:
+            if not ok:
+                raise CheckpointError(f"checkpoint preprocess metadata: {field}={getattr(self, field)!r} {rule}; "
+                                      "fix the metadata (see docs/inference.md)")
 
     # ------------------------------------------------------------------------------------------ transforms
     def eval_transform(self):
@@ -102,10 +122,6 @@ class Preprocess:
 
     def load(self, path: str | Path, transform=None) -> torch.Tensor:
         """One image file as a normalised (C, H, W) tensor (`transform`: eval_transform(), made once by callers
-        that load many); ValueError naming the file if it can't be read."""
-        try:
-            with Image.open(path) as img:
-                img = img.convert("L" if self.in_chans == 1 else "RGB")
-        except (UnidentifiedImageError, OSError, SyntaxError) as e:
-            raise ValueError(f"cannot read image {path}: {e}") from None
-        return (transform or self.eval_transform())(img)
+        that load many); DataError (a ValueError) naming the file if it can't be read or is too large
+        (resmlp.data.images.open_image)."""
+        return (transform or self.eval_transform())(open_image(path, self.in_chans))

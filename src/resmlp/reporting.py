@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from resmlp.checkpoint import atomic_write
-
-
-def write_json(path: str | Path, data: dict[str, Any]) -> Path:
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+from resmlp.fileio import (
+    atomic_write,
+    write_json,  # noqa: F401 (moved to resmlp.fileio; the trainer imports it from here)
+)
 
 
 def write_metrics_csv(path: str | Path, history: list[dict[str, Any]]) -> Path:

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from resmlp.checkpoint import atomic_write
 from resmlp.complexity import count_gmacs, count_params
+from resmlp.fileio import atomic_write
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 CSV_COLUMNS = (

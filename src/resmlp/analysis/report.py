@@ -14,7 +14,7 @@ from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 
 from resmlp.analysis import filters, sparsity
-from resmlp.checkpoint import atomic_write
+from resmlp.fileio import atomic_write
 from resmlp.models.resmlp import ResMLP
 
 

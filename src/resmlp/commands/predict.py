@@ -85,7 +85,7 @@ def classify(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[
 
 def write_output(path: Path, results: list[dict[str, Any]], errors: list[dict[str, str]]) -> None:
     """JSON {"predictions": [...], "errors": [...]} or CSV with one row per (file, rank)."""
-    from resmlp.checkpoint import atomic_write
+    from resmlp.fileio import atomic_write
 
     if path.suffix.lower() == ".json":
         text = json.dumps(dict(predictions=results, errors=errors), indent=2)

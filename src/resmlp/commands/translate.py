@@ -115,7 +115,7 @@ def run_eval(args: argparse.Namespace) -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
-        from resmlp.checkpoint import atomic_write
+        from resmlp.fileio import atomic_write
 
         atomic_write(args.json, lambda p: p.write_text(text))
     return 0

@@ -1,17 +1,23 @@
 """CIFAR-10 / CIFAR-100 in the original python-pickle layout (cifar-10-batches-py/, cifar-100-python/).
 
 Read directly instead of through torchvision.datasets.CIFAR10, which refuses any copy whose files
-don't match the md5 sums of the original archive (subsets, re-packed copies).
+don't match the md5 sums of the original archive (subsets, re-packed copies), and which unpickles them
+with plain pickle.load: a data folder could then run code. Here the pickles are read by an unpickler
+that knows only the few names CIFAR's files contain (numpy's array reconstruction), so a planted
+payload is refused with a message, never run.
 """
 
 from __future__ import annotations
 
+import codecs
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from resmlp.data.arrays import ArrayDataset
+from resmlp.errors import DataError
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
@@ -32,18 +38,73 @@ def cifar(kind: str, split: str, data_dir: str | Path, in_chans: int = 3, transf
             f"{kind} not found: expected {root}/{folder}/{meta_file} (the python version of the dataset, "
             f"https://www.cs.toronto.edu/~kriz/cifar.html, extracted with tar xzf)"
         )
-    # the CIFAR files are pickles: only load copies you trust
-    names = [n.decode() for n in _unpickle(base / meta_file)[names_key]]
+    names = [_text(n) for n in _field(_unpickle(base / meta_file), names_key, base / meta_file)]
     images, labels = [], []
     for name in train_files if split == "train" else test_files:
-        batch = _unpickle(base / name)
-        images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-        labels.extend(batch[labels_key])
+        path = base / name
+        batch = _unpickle(path)
+        data = np.asarray(_field(batch, b"data", path))
+        batch_labels = list(_field(batch, labels_key, path))
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 \
+                or len(batch_labels) != len(data):
+            raise DataError(f"{path} is not a CIFAR batch: expected uint8 data of shape (N, 3072) and N labels, "
+                            f"got {data.dtype} {data.shape} and {len(batch_labels)} labels")
+        images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        labels.extend(batch_labels)
     return ArrayDataset(np.concatenate(images), np.asarray(labels), names, in_chans=in_chans, transform=transform)
+
+
+def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
+    """The one function Python 3 writes into protocol-2 pickles of bytes (as _codecs.encode(s, 'latin1'))."""
+    if codecs.lookup(encoding).name != "iso8859-1":
+        raise pickle.UnpicklingError(f"refusing _codecs.encode with encoding {encoding!r}")
+    return text.encode("latin-1")
+
+
+# Everything a CIFAR pickle needs: numpy's array (and scalar) reconstruction, and the bytes encoding of
+# Python 3 writers. The original files were written by Python 2's cPickle and use only the first three.
+_ALLOWED: dict[tuple[str, str], Any] = {
+    **{(module, "_reconstruct"): np.ndarray.__reduce__(np.zeros(0))[0]
+       for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
+    **{(module, "scalar"): np.float64(0).__reduce__()[0]
+       for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): _latin1_encode,
+}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Python's documented way to restrict unpickling (overriding find_class): no other name resolves."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _ALLOWED[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which no CIFAR file contains") from None
 
 
 def _unpickle(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"CIFAR file {path} is missing")
-    with open(path, "rb") as f:
-        return pickle.load(f, encoding="bytes")
+    try:
+        with open(path, "rb") as f:
+            obj = _CifarUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
+        raise DataError(f"refusing to read {path}: not a CIFAR python-pickle file ({e}); CIFAR files may hold "
+                        "only arrays, lists and strings, never code. Re-download the dataset") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path} is not a CIFAR file: it holds a {type(obj).__name__}, not a dict")
+    return obj
+
+
+def _field(batch: dict, key: bytes, path: Path) -> Any:
+    """batch[key], with the str key of files re-pickled by Python 3 accepted too."""
+    for k in (key, key.decode()):
+        if k in batch:
+            return batch[k]
+    raise DataError(f"{path} is not a CIFAR file: it has no {key.decode()!r} entry")
+
+
+def _text(name: Any) -> str:
+    return name.decode() if isinstance(name, bytes) else str(name)

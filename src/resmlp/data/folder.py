@@ -8,14 +8,19 @@ from pathlib import Path
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from resmlp.data.images import open_image
+
 
 class SkippingImageFolder(ImageFolder):
-    """torchvision's ImageFolder whose corrupt images come back as None (dropped by `collate_skipping`).
+    """torchvision's ImageFolder whose unreadable images come back as None (dropped by `collate_skipping`).
 
-    Empty class folders and empty datasets are errors at construction, before any training starts.
+    Unreadable means corrupt, truncated, of an unknown format, or larger than `max_image_pixels` (a
+    decompression bomb): all are skipped and counted alike. Empty class folders and empty datasets are
+    errors at construction, before any training starts.
     """
 
-    def __init__(self, root: str | Path, in_chans: int = 3, transform=None) -> None:
+    def __init__(self, root: str | Path, in_chans: int = 3, transform=None,
+                 max_image_pixels: int | None = None) -> None:
         root = Path(root)
         if not root.is_dir():
             raise FileNotFoundError(f"image folder {root} does not exist (expected {root}/<class>/<image>.jpg)")
@@ -27,16 +32,17 @@ class SkippingImageFolder(ImageFolder):
             raise ValueError(f"class folder(s) with no images in {root}: {', '.join(empty[:10])}; remove them "
                              f"or add images (extensions {', '.join(IMG_EXTENSIONS)})")
         super().__init__(str(root), transform=transform)
-        self.mode = "L" if in_chans == 1 else "RGB"
+        self.in_chans = in_chans
+        self.max_image_pixels = max_image_pixels
         self.class_names = list(self.classes)
 
     def __getitem__(self, index: int):
         path, target = self.samples[index]
         try:
-            image = self.loader(path).convert(self.mode)
+            image = open_image(path, self.in_chans, self.max_image_pixels)
             if self.transform is not None:
                 image = self.transform(image)
-        except (OSError, ValueError, SyntaxError) as e:  # what PIL raises for truncated or garbage files
+        except (OSError, ValueError) as e:  # open_image's DataError, or a transform's failure
             warnings.warn(f"skipping unreadable image {path}: {e}", stacklevel=1)
             return None
         return image, target

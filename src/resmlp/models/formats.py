@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from resmlp.errors import CheckpointError
+
 FORMATS = ("resmlp", "timm_resmlp", "deit_resmlp", "timm_mixer")
 
 # per-block key prefixes: this project's name -> the other format's name
@@ -52,10 +54,6 @@ AFFINE_3D = ("timm_resmlp",)
 # timm's load_checkpoint(use_ema=True) and validate.py do, then the raw weights, then DINO's teacher (the
 # network DINO evaluates) before its student
 WRAPPER_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model", "teacher", "student", "module")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that can't be read or doesn't fit the model; the message says why and what to do."""
 
 
 class UnrecognisedFormat(CheckpointError):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from num2words import num2words
 
-from resmlp.checkpoint import atomic_write
+from resmlp.fileio import atomic_write
 
 TASKS = {"numbers-en-de": "de", "numbers-en-fr": "fr"}
 

@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from resmlp.checkpoint import atomic_write, torch_load
+from resmlp.checkpoint import torch_load
+from resmlp.fileio import atomic_write
 from resmlp.seq2seq.data import (
     Tokenizer,
     collate,

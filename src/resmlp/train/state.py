@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from resmlp.checkpoint import atomic_write, torch_load
+from resmlp.checkpoint import torch_load
+from resmlp.fileio import atomic_write
 
 STATE_FILE = "last.pth"
 STATE_VERSION = 2  # 2: task state under "task", the schedule rebuilt from the config

@@ -1,0 +1,421 @@
+"""Hostile inputs and faults against the library and the `resmlp` command: is each handled cleanly?
+
+Usage: PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/adversarial.py [--markdown]
+
+Each case plants one hostile input (a code-running pickle, a symlink, a bomb image, a lying checkpoint,
+a full disk...) and checks the outcome: refused or skipped with a message naming the problem, no code
+run, nothing written outside the output folder, no traceback from the CLI, nothing allocated beyond the
+file's size. It prints a table: case, handled cleanly (yes/no), how (the message or what happened).
+CLI cases run `python -m resmlp ...` in a subprocess with this checkout's src/ first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+import resmlp
+from resmlp.checkpoint import read_checkpoint
+from resmlp.data import SkippingImageFolder, build_dataset
+from resmlp.data.images import open_image
+from resmlp.errors import ResmlpError
+from resmlp.fileio import RunLock, atomic_write
+from resmlp.preprocess import Preprocess
+from resmlp.seq2seq.decoding import beam_search
+from resmlp.seq2seq.model import build_model, model_config
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+TINY = dict(img_size=16, patch_size=8, dim=8, depth=2, num_classes=3)
+TRAIN_TINY = ["--set", "data.kind=synthetic", "--set", "model.img_size=16", "--set", "model.patch_size=4",
+              "--set", "model.dim=16", "--set", "model.depth=1", "--set", "schedule.epochs=1",
+              "--set", "schedule.warmup_epochs=0", "--set", "train.batch_size=16", "--set", "train.progress=false",
+              "--set", "data.synthetic_size=[32,16]", "--set", "data.num_workers=0", "--set", "train.threads=1"]
+CASES: list[tuple[str, Callable[[Path], tuple[bool, str]]]] = []
+
+
+def case(name: str):
+    def register(fn: Callable[[Path], tuple[bool, str]]):
+        CASES.append((name, fn))
+        return fn
+    return register
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def refused(fn: Callable[[], object], *types: type[BaseException]) -> tuple[bool, str]:
+    """(True, message) when fn raises one of `types` (default: the project's errors), else (False, what)."""
+    caught = types or (ResmlpError,)
+    try:
+        fn()
+    except caught as e:
+        return True, f"{type(e).__name__}: {str(e).splitlines()[0][:150]}"
+    return False, "accepted silently"
+
+
+def cli(*args: str, timeout: float = 300, env: dict | None = None) -> tuple[int, str]:
+    run_env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", **(env or {})}
+    run_env.pop("RESMLP_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "resmlp", *args], capture_output=True, text=True, timeout=timeout,
+                          env=run_env)
+    return proc.returncode, proc.stderr.strip()
+
+
+def clean_cli_failure(rc: int, err: str, expect: str = "") -> tuple[bool, str]:
+    """A clean failure: non-zero exit, no traceback, the expected words in the message."""
+    last = err.splitlines()[-1] if err else "(no message)"
+    traceback = "Traceback" in err
+    return rc != 0 and not traceback and expect in err, f"exit {rc}: {'traceback: ' * traceback}{last[:150]}"
+
+
+def tiny_model() -> resmlp.ResMLP:
+    return resmlp.create_model("resmlp_s12", **TINY)
+
+
+def tiny_checkpoint(path: Path, metadata: dict | None = None, **raw: str) -> Path:
+    """Our tiny model's tensors under whatever raw header metadata a case wants."""
+    tensors = {k: v.contiguous() for k, v in tiny_model().state_dict().items()}
+    save_file(tensors, str(path), metadata={"format": "resmlp", **raw,
+                                             **({"extra": json.dumps(metadata)} if metadata else {})})
+    return path
+
+
+def cifar_with_payload(root: Path, marker: Path) -> Path:
+    base = root / "cifar-10-batches-py"
+    base.mkdir(parents=True)
+    with open(base / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [b"a"] * 10, b"x": _Payload(marker)}, f, protocol=2)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(base / name, "wb") as f:
+            pickle.dump({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0]}, f, protocol=2)
+    return root
+
+
+def bomb_png(path: Path, side: int = 20000) -> Path:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\0" * (side + 1))) + chunk(b"IEND", b""))
+    return path
+
+
+def saved_with_preprocess(path: Path, **pre) -> Path:
+    meta = {"preprocess": {"img_size": 16, "crop_pct": 0.875, "mean": [0.5] * 3, "std": [0.25] * 3, **pre},
+            "class_names": ["a", "b", "c"]}
+    return resmlp.save(tiny_model(), path, metadata=meta)
+
+
+def an_image(path: Path) -> Path:
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ code from data
+@case("CIFAR batches.meta with an os.mkdir payload (library)")
+def _(d: Path):
+    root = cifar_with_payload(d / "c", d / "pwned")
+    ok, how = refused(lambda: build_dataset("cifar10", "val", root, 3))
+    return ok and not (d / "pwned").exists(), how
+
+
+@case("CIFAR payload via `resmlp eval --data cifar10 --data-dir DIR`")
+def _(d: Path):
+    root = cifar_with_payload(d / "c", d / "pwned")
+    ckpt = resmlp.save(resmlp.create_model("resmlp_s12", img_size=32, patch_size=8, dim=8, depth=1, num_classes=10),
+                       d / "m.safetensors")
+    ok, how = clean_cli_failure(*cli("eval", str(ckpt), "--data", "cifar10", "--data-dir", str(root)), "refusing")
+    return ok and not (d / "pwned").exists(), how
+
+
+@case("torch .pth checkpoint with a payload")
+def _(d: Path):
+    torch.save({"model": {"w": torch.zeros(1)}, "x": _Payload(d / "pwned")}, d / "evil.pth")
+    ok, how = refused(lambda: resmlp.load(d / "evil.pth"))
+    return ok and not (d / "pwned").exists(), how
+
+
+@case("YAML recipe with a !!python/object/apply payload")
+def _(d: Path):
+    (d / "evil.yaml").write_text(f"model:\n  dim: !!python/object/apply:os.mkdir [{str(d / 'pwned')!r}]\n")
+    ok, how = clean_cli_failure(*cli("train", "--recipe", str(d / "evil.yaml"), "--output", str(d / "o")), "YAML")
+    return ok and not (d / "pwned").exists(), how
+
+
+# ------------------------------------------------------------------------------------------ writes
+@case("symlinks planted at predictable temporary names")
+def _(d: Path):
+    (d / "victim").write_text("precious")
+    for pid in range(os.getpid() - 50, os.getpid() + 50):
+        (d / f".m.safetensors.tmp{pid}").symlink_to(d / "victim")
+    resmlp.save(tiny_model(), d / "m.safetensors")
+    return (d / "victim").read_text() == "precious", "temporary made by mkstemp (O_EXCL, random name)"
+
+
+@case("symlink at the target name of a write")
+def _(d: Path):
+    (d / "victim").write_text("precious")
+    (d / "m.safetensors").symlink_to(d / "victim")
+    resmlp.save(tiny_model(), d / "m.safetensors")
+    ok = (d / "victim").read_text() == "precious" and not (d / "m.safetensors").is_symlink()
+    return ok, "os.replace swaps the directory entry; the link is replaced, not followed"
+
+
+@case("disk full (ENOSPC) during a checkpoint write")
+def _(d: Path):
+    path = resmlp.save(tiny_model(), d / "m.safetensors")
+    before = path.read_bytes()
+
+    def full(tmp: Path) -> None:
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+    ok, how = refused(lambda: atomic_write(path, full), OSError)
+    intact = path.read_bytes() == before and [p.name for p in d.iterdir()] == ["m.safetensors"]
+    return ok and intact, "previous file intact, temporary removed; " + how
+
+
+@case("second RunLock on a held output folder (library)")
+def _(d: Path):
+    with RunLock(d):
+        return refused(lambda: RunLock(d).acquire())
+
+
+@case("`resmlp train` into a folder another run holds")
+def _(d: Path):
+    with RunLock(d / "run"):
+        return clean_cli_failure(*cli("train", "--output", str(d / "run"), *TRAIN_TINY), "in use")
+
+
+@case("`resmlp train --output` that is a file")
+def _(d: Path):
+    (d / "f").write_text("x")
+    return clean_cli_failure(*cli("train", "--output", str(d / "f"), *TRAIN_TINY))
+
+
+@case("`resmlp predict --output` under /sys")
+def _(d: Path):
+    ckpt = saved_with_preprocess(d / "m.safetensors")
+    return clean_cli_failure(*cli("predict", str(ckpt), str(an_image(d / "x.png")), "--output", "/sys/x.json"))
+
+
+# ------------------------------------------------------------------------------------------ bounds
+@case("1 kB-scale safetensors whose config says depth 1e9")
+def _(d: Path):
+    path = tiny_checkpoint(d / "m.safetensors", config=json.dumps({**tiny_model().config.to_dict(), "depth": 10**9}))
+    start = time.perf_counter()
+    ok, how = refused(lambda: resmlp.load(path))
+    return ok, f"{how} ({time.perf_counter() - start:.2f} s)"
+
+
+@case("timm metadata naming vit_giant_patch14_224 on tiny tensors")
+def _(d: Path):
+    path = tiny_checkpoint(d / "m.safetensors", timm=json.dumps({"name": "vit_giant_patch14_224", "kwargs": {}}))
+    start = time.perf_counter()
+    ok, how = refused(lambda: resmlp.load(path))
+    return ok, f"{how} ({time.perf_counter() - start:.2f} s, built on the meta device)"
+
+
+@case("timm metadata with depth=1e9")
+def _(d: Path):
+    path = tiny_checkpoint(d / "m.safetensors", timm=json.dumps({"name": "test_vit", "kwargs": {"depth": 10**9}}))
+    return refused(lambda: resmlp.load(path))
+
+
+@case("beam search with beam 100000")
+def _(d: Path):
+    model = build_model(model_config("tiny", 19)).eval()
+    return refused(lambda: beam_search(model, torch.randint(3, 19, (1, 4)), beam=100_000))
+
+
+# ------------------------------------------------------------------------------------------ images
+@case("decompression bomb PNG (20000x20000 declared, <1 kB)")
+def _(d: Path):
+    return refused(lambda: open_image(bomb_png(d / "b.png")))
+
+
+@case("decompression bomb inside an image folder")
+def _(d: Path):
+    for cls in ("a", "b"):
+        (d / cls).mkdir()
+        an_image(d / cls / "ok.png")
+    bomb_png(d / "a" / "bomb.png")
+    folder = SkippingImageFolder(d, transform=lambda im: im)
+    import warnings
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        items = [folder[i] for i in range(len(folder))]
+    skipped = sum(x is None for x in items)
+    return skipped == 1, f"{skipped} skipped and counted, {len(items) - skipped} read"
+
+
+@case("`resmlp predict` on a decompression bomb")
+def _(d: Path):
+    ckpt = saved_with_preprocess(d / "m.safetensors")
+    rc, err = cli("predict", str(ckpt), str(bomb_png(d / "b.png")), str(an_image(d / "x.png")))
+    return rc != 0 and "Traceback" not in err, f"exit {rc}: {err.splitlines()[-1][:150] if err else ''}"
+
+
+@case("16-bit PNG vs its 8-bit version")
+def _(d: Path):
+    eight = np.random.default_rng(0).integers(0, 256, (16, 16), dtype=np.uint8)
+    Image.fromarray(eight).save(d / "8.png")
+    Image.fromarray(eight.astype(np.uint16) * 257).save(d / "16.png")
+    pre = Preprocess(16, 3, (0.5,) * 3, (0.25,) * 3, crop_pct=1.0)
+    diff = float((pre.load(d / "8.png") - pre.load(d / "16.png")).abs().max() * 0.25)
+    return diff <= 1 / 255 + 1e-6, f"max difference {diff * 255:.2f}/255 after scaling by the 16-bit range"
+
+
+# ------------------------------------------------------------------------------------------ silent wrong answers
+@case("NaN weights (library load)")
+def _(d: Path):
+    model = tiny_model()
+    with torch.no_grad():
+        model.head.weight[0, 0] = float("nan")
+    path = resmlp.save(model, d / "nan.safetensors")
+    return refused(lambda: resmlp.load(path))
+
+
+@case("NaN weights via `resmlp eval`")
+def _(d: Path):
+    model = tiny_model()
+    with torch.no_grad():
+        model.head.weight[0, 0] = float("nan")
+    path = saved_with_preprocess(d / "nan.safetensors")
+    resmlp.save(model, path, metadata=resmlp.read_metadata(path))
+    return clean_cli_failure(*cli("eval", str(path), "--data", "synthetic"), "NaN")
+
+
+@case("non-finite logits in predict (weights loaded with allow_nonfinite)")
+def _(d: Path):
+    model = tiny_model()
+    with torch.no_grad():
+        model.head.bias.fill_(float("inf"))
+    from resmlp.inference import predict
+    return refused(lambda: predict(model.eval(), torch.randn(1, 3, 16, 16)))
+
+
+@case("int8 tensor where a float weight is expected")
+def _(d: Path):
+    tensors = {k: v.contiguous() for k, v in tiny_model().state_dict().items()}
+    tensors["head.weight"] = tensors["head.weight"].to(torch.int8)
+    save_file(tensors, str(d / "i.safetensors"), metadata={"config": json.dumps(tiny_model().config.to_dict())})
+    return refused(lambda: resmlp.load(d / "i.safetensors"))
+
+
+@case("crop_pct 0 in preprocessing metadata (`resmlp predict`)")
+def _(d: Path):
+    ckpt = saved_with_preprocess(d / "m.safetensors", crop_pct=0)
+    return clean_cli_failure(*cli("predict", str(ckpt), str(an_image(d / "x.png"))), "crop_pct")
+
+
+@case("crop_pct 0 in preprocessing metadata (`resmlp eval`)")
+def _(d: Path):
+    ckpt = saved_with_preprocess(d / "m.safetensors", crop_pct=0)
+    return clean_cli_failure(*cli("eval", str(ckpt), "--data", "synthetic"), "crop_pct")
+
+
+@case("std 0 in preprocessing metadata")
+def _(d: Path):
+    pre = {"img_size": 16, "mean": [0.5] * 3, "std": [0.0] * 3}
+    return refused(lambda: Preprocess.from_metadata({"preprocess": pre}, tiny_model()))
+
+
+# ------------------------------------------------------------------------------------------ malformed metadata
+for _label, _raw in (("config null", {"config": "null"}), ("config a list", {"config": "[1, 2]"}),
+                     ("timm spec without a name", {"timm": '{"kwargs": {}}'}),
+                     ("config with dim 'wide'", {"config": json.dumps({**TINY, "dim": "wide"})})):
+    @case(f"checkpoint metadata: {_label} (`resmlp predict`)")
+    def _(d: Path, raw=_raw):
+        path = tiny_checkpoint(d / "m.safetensors", **raw)
+        return clean_cli_failure(*cli("predict", str(path), str(an_image(d / "x.png"))))
+
+
+@case("truncated safetensors file")
+def _(d: Path):
+    path = resmlp.save(tiny_model(), d / "m.safetensors")
+    path.write_bytes(path.read_bytes()[:200])
+    return refused(lambda: read_checkpoint(path))
+
+
+@case("timm model saved by resmlp.save: `resmlp predict`")
+def _(d: Path):
+    import timm
+    path = resmlp.save(timm.create_model("test_resnet", num_classes=3), d / "t.safetensors",
+                       metadata={"class_names": ["a", "b", "c"]})
+    rc, err = cli("predict", str(path), str(an_image(d / "x.png")))
+    return "Traceback" not in err, f"exit {rc}" + (f": {err.splitlines()[-1][:150]}" if err else "")
+
+
+for _command in ("export", "analyze"):
+    @case(f"timm model saved by resmlp.save: `resmlp {_command}`")
+    def _(d: Path, command=_command):
+        import timm
+        path = resmlp.save(timm.create_model("test_resnet", num_classes=3), d / "t.safetensors")
+        rc, err = cli(command, str(path), "--output" if command == "export" else "--out", str(d / "o"))
+        return "Traceback" not in err, f"exit {rc}" + (f": {err.splitlines()[-1][:150]}" if err else "")
+
+
+# ------------------------------------------------------------------------------------------ CLI plumbing
+@case("YAML syntax error in --set")
+def _(d: Path):
+    return clean_cli_failure(*cli("train", "--output", str(d / "o"), "--set", "model.dim=[1,"), "invalid YAML")
+
+
+@case("`resmlp models --format json` into a closed pipe")
+def _(d: Path):
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "resmlp", "models", "--format", "json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    return b"Traceback" not in err, f"exit {proc.returncode}, stderr {'empty' if not err else err[-80:]!r}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("-k", help="only cases whose name contains this")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for name, fn in CASES:
+        if args.k and args.k not in name:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                ok, how = fn(Path(tmp))
+            except Exception as e:  # an unexpected exception is exactly what this script looks for
+                ok, how = False, f"uncaught {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
+        rows.append((name, "yes" if ok else "no", how.replace("|", "/")))
+        if not args.markdown:
+            print(f"{'yes' if ok else 'NO ':4} {name}: {how}", flush=True)
+    if args.markdown:
+        print("| case | handled cleanly | how |\n|---|---|---|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    print(f"\n{sum(r[1] == 'yes' for r in rows)} of {len(rows)} cases handled cleanly", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The project's own error types, and the one-line message a user sees for each mistake.
+
+Every error that a user's input or environment can cause (a bad file, flag, folder, a full disk) is either
+one of these types or an OSError / yaml / PIL error that `user_message` turns into one line; anything
+else is a bug and keeps its traceback.
+
+Compatibility: CheckpointError, ConfigError and DataError are also ValueErrors, as the project's errors
+were before this module existed, so `except ValueError` (and `pytest.raises(ValueError)`) keeps catching
+them. OutputError is an OSError instead: it is about the place being written (a locked, missing or
+read-only output folder), and code that already guards its writes with `except OSError` catches it.
+"""
+
+from __future__ import annotations
+
+import errno
+import traceback
+from pathlib import Path
+
+
+class ResmlpError(Exception):
+    """Base of the errors a user can cause and fix; the message says what is wrong and what to do."""
+
+
+class CheckpointError(ResmlpError, ValueError):
+    """A checkpoint file that can't be read or doesn't fit the model."""
+
+
+class ConfigError(ResmlpError, ValueError):
+    """A recipe, --set override, flag value or metadata field that is malformed or out of range."""
+
+
+class DataError(ResmlpError, ValueError):
+    """A data file or folder that can't be read safely (a corrupt or oversized image, a refused pickle)."""
+
+
+class OutputError(ResmlpError, OSError):
+    """An output folder or file that can't be written (locked by another run, not a folder, read-only)."""
+
+
+# what to do about an OSError, by errno: the part of the message the operating system doesn't say
+_OS_ADVICE = {
+    errno.ENOSPC: "the disk is full; free space or write elsewhere",
+    errno.EDQUOT: "the disk quota is exhausted; free space or write elsewhere",
+    errno.EACCES: "permission denied; choose a path you can write/read",
+    errno.EPERM: "operation not permitted; choose another path",
+    errno.EROFS: "read-only file system; write elsewhere",
+    errno.ENOTDIR: "a component of the path is a file, not a folder",
+    errno.EISDIR: "the path is a folder, a file was expected",
+    errno.ENOENT: "no such file or folder",
+    errno.EEXIST: "it already exists (a file where a folder is needed?)",
+    errno.ENAMETOOLONG: "the file name is too long",
+    errno.EMFILE: "too many open files; lower the number of data workers",
+}
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def user_message(exc: BaseException) -> str | None:
+    """The message to print for an error a user caused (bad input, full disk...), or None for a bug.
+
+    Project errors and ValueErrors keep their text; an OSError gets its errno explained and its file
+    named; YAML syntax errors and PIL's refusals (decompression bombs, unidentified images) become one line.
+    A RuntimeError counts as a user error only when a `raise` of this package raised it (e.g. "no CUDA GPU
+    is visible") or memory ran out; from inside torch it is a bug.
+    """
+    import yaml
+
+    if isinstance(exc, (ResmlpError, ValueError)):
+        return str(exc) or type(exc).__name__
+    if isinstance(exc, yaml.YAMLError):
+        return f"invalid YAML: {_one_line(str(exc))}"
+    if _is_pil_refusal(exc):
+        return _one_line(str(exc))
+    if isinstance(exc, OSError):
+        return _os_message(exc)
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return f"out of memory ({_one_line(str(exc))[:200]}); lower the batch size or the model size"
+    if isinstance(exc, RuntimeError) and _raised_here(exc):
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _os_message(exc: OSError) -> str:
+    advice = _OS_ADVICE.get(exc.errno or -1)
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    if advice is None:
+        return _one_line(str(exc))
+    return f"{where}: {advice} ({exc.strerror})" if where else f"{advice} ({exc.strerror})"
+
+
+def _is_pil_refusal(exc: BaseException) -> bool:
+    from PIL import Image, UnidentifiedImageError
+
+    return isinstance(exc, (Image.DecompressionBombError, UnidentifiedImageError))
+
+
+def _raised_here(exc: BaseException) -> bool:
+    """Whether a `raise` statement of this package raised it (not torch, whose C++ errors show up as if
+    raised by the line of our code that called it)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return False
+    last = frames[-1]
+    return Path(last.filename).resolve().is_relative_to(_PACKAGE_DIR) and (last.line or "").startswith("raise")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -1,0 +1,186 @@
+"""Writing files safely: atomic writes nobody can redirect, strict JSON, one run per output folder.
+
+- `atomic_write` writes into a fresh temporary file that it alone created (O_CREAT|O_EXCL via
+  tempfile.mkstemp, random name, in the target's folder), fsyncs it, renames it over the target and fsyncs
+  the folder: a crash or a full disk leaves the previous file intact, and a symlink planted at a
+  predictable name has nothing to redirect. os.replace swaps the directory entry, so a symlink *at the
+  target name* is replaced, never written through.
+- `remove_stale_temporaries` clears temporaries that a killed process left behind (on resume).
+- `write_json` writes strict JSON (NaN and infinities become null), so summary files always parse.
+- `RunLock` makes an output folder belong to one run at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from resmlp.errors import OutputError
+
+_TMP_SUFFIX = ".tmp"
+_STALE_NAME = re.compile(r"^\..+\.tmp\d*$")  # .NAME.RANDOM.tmp (mkstemp) and .NAME.tmp<pid> (older)
+LOCK_NAME = ".lock"
+
+
+def _current_umask() -> int:
+    # os.umask can only be read by setting it; done once, at import, before any worker threads exist
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on a fresh temporary file, then rename it over `path`; returns `path`.
+
+    `write` may replace the (empty) temporary file or write into it. On any failure (including a full
+    disk) the temporary is removed and the previous `path`, if any, is left untouched.
+    """
+    path = Path(path)
+    _make_folder(path.parent)
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
+    except OSError as e:  # name the file the user asked for, not our temporary
+        raise type(e)(e.errno, e.strerror, str(path)) from None
+    tmp = Path(name)
+    try:
+        # mkstemp makes the file private (0600); a finished file gets the usual permissions
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        os.close(fd)
+        fd = -1
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)
+    return path
+
+
+def _make_folder(folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"{folder} is a file, not a folder; choose another output location")
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable; some file systems can't fsync a folder, which is fine to skip."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the temporary files that interrupted atomic writes left in `folder` (not its sub-folders).
+
+    Call it only while holding the folder's `RunLock`: a running writer's temporary looks the same.
+    Also removes the names of earlier versions of this module (.NAME.tmp<pid>).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale = [p for p in folder.iterdir()
+             if _STALE_NAME.match(p.name) and (p.is_symlink() or p.is_file())]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def to_strict_json(value: Any) -> Any:
+    """`value` with NaN and infinities replaced by None and numpy scalars/arrays by Python values."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: to_strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_strict_json(v) for v in value]
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy scalars and arrays, torch tensors
+        return to_strict_json(value.tolist())
+    return value
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write `data` as indented, strictly valid JSON (NaN/inf -> null), atomically."""
+    text = json.dumps(to_strict_json(data), indent=2, allow_nan=False) + "\n"
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+class RunLock:
+    """An exclusive lock on an output folder for the length of a run: `with RunLock(out): ...`.
+
+    An advisory lock (fcntl.flock) on FOLDER/.lock, whose content names the holder (PID, host, start
+    time) for the message a second run gets. The kernel releases the lock when its process exits,
+    however it exits, so a lock file left behind by a killed run is never an obstacle: there is no
+    stale state to detect or clean up. The file itself stays (deleting it would let a run waiting on the
+    old file and a run creating a new one both hold "the" lock). POSIX only; on NFS, Linux maps flock to
+    byte-range locks, which hold across hosts.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        import fcntl
+
+        _make_folder(self.folder)
+        # O_NOFOLLOW: a symlink planted at .lock must not make us truncate the file it points to
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe_holder(fd)
+            os.close(fd)
+            raise OutputError(f"output folder {self.folder} is in use by another run ({holder}); wait for it "
+                              "to finish or choose another output folder") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        owner = dict(pid=os.getpid(), host=socket.gethostname(), started=time.strftime("%Y-%m-%d %H:%M:%S"))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+
+def _describe_holder(fd: int) -> str:
+    try:
+        owner = json.loads(os.pread(fd, 4096, 0).decode())
+        return f"pid {owner['pid']} on {owner['host']}, since {owner['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown"
