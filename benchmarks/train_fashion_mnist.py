@@ -50,7 +50,8 @@ def main() -> int:
         return rc
     summary = json.loads(Path(out, "summary.json").read_text())
     min_top1, max_seconds = TARGETS[args.recipe]
-    report = dict(recipe=args.recipe, test_top1=summary["test_top1"], final_top1=summary["final_top1"],
+    report = dict(recipe=args.recipe, val_top1=summary["val_top1"], test_top1=summary["test_top1"],
+                  final_test_top1=summary["final_test_top1"], selected_epoch=summary["selected_epoch"],
                   epochs=summary["epochs"], train_wall_seconds=summary["wall_seconds"],
                   command_wall_seconds=round(wall, 1), cpu=cpu_model(), cores=os.cpu_count(),
                   load_avg_before=[round(x, 2) for x in load_before],

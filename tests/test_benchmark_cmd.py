@@ -136,7 +136,7 @@ def test_val_data_measures_the_top1_of_checkpoint_files(tmp_path, capsys):
     path = tmp_path / "tiny.safetensors"
     resmlp.save(model, path, {"preprocess": pre.to_dict(), "class_names": [f"class_{c}" for c in range(4)]})
     # the expected accuracy, computed here without the evaluation code
-    val = build_dataset("synthetic", "val", None, 1, pre.eval_transform(), img_size=16)
+    val = build_dataset("synthetic", "test", None, 1, pre.eval_transform(), img_size=16)
     images = torch.stack([val[i][0] for i in range(len(val))])
     with torch.no_grad():
         expected = 100.0 * (model.eval()(images).argmax(1) == torch.tensor(val.targets)).float().mean().item()

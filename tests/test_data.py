@@ -76,7 +76,7 @@ def test_cifar10_pickle_layout(tmp_path):
         with open(base / name, "wb") as f:
             pickle.dump(batch, f)
     train = build_dataset("cifar10", "train", tmp_path, in_chans=3)
-    val = build_dataset("cifar10", "val", tmp_path, in_chans=3)
+    val = build_dataset("cifar10", "test", tmp_path, in_chans=3)
     assert len(train) == 15 and len(val) == 3 and train.class_names[9] == "c9"
     # channel-planar rows become HWC images
     expected = batches[0][b"data"][0].reshape(3, 32, 32).transpose(1, 2, 0)

@@ -19,7 +19,7 @@ from resmlp.data.assemble import build_data
 from resmlp.data.batch_augment import BatchAugment, array_batches, eval_batches
 from resmlp.data.samplers import ResumableSampler, sample_seed
 from resmlp.train.config import load_config
-from resmlp.train.trainer import seed_step
+from resmlp.train.state import seed_step
 
 MEAN, STD = (0.3,), (0.2,)
 
@@ -156,7 +156,7 @@ def test_step_seeds_are_the_same_in_every_process():
     # resume and DDP rely on it: a str in the seeded tuple would hash differently per process
     seed_step(3, 11, 1)
     here = torch.rand(4)
-    code = ("import torch; from resmlp.train.trainer import seed_step; seed_step(3, 11, 1); "
+    code = ("import torch; from resmlp.train.state import seed_step; seed_step(3, 11, 1); "
             "print(torch.rand(4).tolist())")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert torch.tensor(eval(there)).equal(here)

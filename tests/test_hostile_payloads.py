@@ -67,7 +67,7 @@ def test_a_cifar_batch_of_the_wrong_shape_is_a_data_error(tmp_path):
     names = {b"label_names": [b"a"] * 10}
     root = _cifar10_folder(tmp_path, names, {b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]})
     with pytest.raises(DataError, match=r"not a CIFAR batch.*\(2, 100\)"):
-        build_dataset("cifar10", "val", root, in_chans=3)
+        build_dataset("cifar10", "test", root, in_chans=3)
 
 
 def test_a_payload_in_a_torch_checkpoint_is_refused_and_never_runs(tmp_path):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from resmlp.data import KINDS, ShardSampler, build_dataset, collate_skipping
+from resmlp.data import KINDS, ShardSampler, build_dataset, collate_skipping, heldout_split
 from resmlp.data.batch_augment import BatchAugment, eval_batches
 from resmlp.runtime import DistInfo, all_reduce_sum, autocast, resolve_amp, resolve_device
 
@@ -79,12 +79,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Path | None = None,
-             split: str = "val", output: str | Path | None = None, batch_size: int = 256, num_workers: int = 2,
+             split: str | None = None, output: str | Path | None = None, batch_size: int = 256, num_workers: int = 2,
              device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False) -> dict[str, Any]:
     """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
 
     data: a dataset kind (fashion-mnist, folder, cifar10, cifar100, synthetic) or a folder path (then
-    `folder`, reading DIR/<split>/<class>/ images); None: the dataset the checkpoint was trained on. With
+    `folder`, reading DIR/<split>/<class>/ images); None: the dataset the checkpoint was trained on. split:
+    train, val or test; None: test where the dataset has one, else val (resmlp.data.heldout_split). With
     `output`, writes OUTPUT/summary.json (keys as a training run's) and OUTPUT/confusion_matrix.png (next to
     the checkpoint without `output`; none with plot=False).
     """
@@ -101,6 +102,7 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
         if not Path(data).is_dir():
             raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
         data, data_dir = "folder", data
+    split = split or heldout_split(data)
     pre = loaded.preprocess
     dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
     names = dataset.class_names

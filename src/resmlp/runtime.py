@@ -140,3 +140,12 @@ def process_settings(threads: int | None = None, deterministic: bool = False) ->
 def is_main_process() -> bool:
     """Rank 0 of a torchrun job, or a single process: the one that prints and writes."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def to_device(images: torch.Tensor | list[torch.Tensor], device: torch.device,
+               channels_last: bool = False) -> torch.Tensor | list[torch.Tensor]:
+    """A batch (a tensor, or a list of crops) on `device`, channels-last when asked."""
+    if isinstance(images, (list, tuple)):
+        return [to_device(crop, device, channels_last) for crop in images]
+    images = images.to(device, non_blocking=True)
+    return images.contiguous(memory_format=torch.channels_last) if channels_last else images

@@ -34,8 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--data", help=f"dataset kind ({', '.join(DATA_KINDS)}) or a folder; default: the "
                                   "dataset the checkpoint was trained on")
     e.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
-    e.add_argument("--split", default="val", choices=("train", "val"),
-                   help="val = the test set of Fashion-MNIST and CIFAR (default)")
+    e.add_argument("--split", choices=("train", "val", "test"),
+                   help="default: test where the dataset has one (Fashion-MNIST, CIFAR), else val (folders)")
     add_output_argument(e, help="folder for summary.json and confusion_matrix.png")
     e.add_argument("--batch-size", type=int, default=256)
     e.add_argument("--device", default="auto")

@@ -18,6 +18,8 @@ from resmlp.data.samplers import ResumableSampler, SeededDataset, ShardSampler, 
 from resmlp.data.synthetic import synthetic
 
 KINDS = ("fashion-mnist", "folder", "cifar10", "cifar100", "synthetic")
+# kinds that ship a validation split; the others (a train and a test split) get one carved from train
+KINDS_WITH_VAL = ("folder", "synthetic")
 DEFAULT_STATS = {
     "fashion-mnist": (_fmnist.MEAN, _fmnist.STD),
     "cifar10": (_cifar.MEAN, _cifar.STD),
@@ -27,7 +29,7 @@ DEFAULT_STATS = {
 
 __all__ = ["KINDS", "ArrayDataset", "PixelPermutation", "ResumableSampler", "SeededDataset", "ShardSampler",
            "SkippingImageFolder", "build_dataset", "collate_skipping", "dataset_stats", "fashion_mnist",
-           "pixel_permutation", "read_idx", "synthetic"]
+           "heldout_split", "pixel_permutation", "read_idx", "synthetic"]
 
 
 def dataset_stats(kind: str, in_chans: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -38,33 +40,42 @@ def dataset_stats(kind: str, in_chans: int) -> tuple[tuple[float, ...], tuple[fl
     return tuple(mean), tuple(std)
 
 
+def heldout_split(kind: str) -> str:
+    """The split a trained model is scored on: the test split where the kind has one, else val (folders)."""
+    return "val" if kind == "folder" else "test"
+
+
 def build_dataset(kind: str, split: str, data_dir: str | Path | None, in_chans: int, transform=None,
                   synthetic_size: tuple[int, int] = (256, 64), synthetic_classes: int = 4,
                   img_size: int = 28, seed: int = 0, permute: str = "none", permute_patch: int = 4,
                   permute_seed: int = 0) -> Dataset:
-    """Split 'train' or 'val' of a dataset kind (Fashion-MNIST and CIFAR call 'val' their test set).
+    """Split 'train', 'val' or 'test' of a dataset kind. Fashion-MNIST and CIFAR have no 'val' (a training run
+    carves one from 'train', resmlp.data.assemble); folders read DIR/<split>/<class>/.
 
     permute: 'patch' or 'global' applies one fixed pixel permutation (resmlp.data.permute) to every image
-    tensor after `transform`, the same for both splits.
+    tensor after `transform`, the same for every split.
     """
-    if split not in ("train", "val"):
-        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
+    if split == "val" and kind not in KINDS_WITH_VAL:
+        raise ValueError(f"{kind} has no official validation split (training runs carve one from train, "
+                         "data.val_size); use the test split")
     if permute != "none":
         if transform is None:
             raise ValueError("a pixel permutation acts on image tensors: pass a transform that makes them")
         transform = transforms.Compose([transform, PixelPermutation(permute, img_size, permute_patch, permute_seed)])
     if kind == "fashion-mnist":
-        return fashion_mnist("train" if split == "train" else "test", data_dir, in_chans, transform)
+        return fashion_mnist(split, data_dir, in_chans, transform)
     if kind in ("cifar10", "cifar100"):
         if data_dir is None:
             raise ValueError(f"{kind} needs data.dir (the folder holding the python-pickle version)")
-        return _cifar.cifar(kind, "train" if split == "train" else "test", data_dir, in_chans, transform)
+        return _cifar.cifar(kind, split, data_dir, in_chans, transform)
     if kind == "folder":
         if data_dir is None:
             raise ValueError("an image-folder dataset needs data.dir (holding train/<class>/ and val/<class>/)")
         return SkippingImageFolder(Path(data_dir) / split, in_chans=in_chans, transform=transform)
     if kind == "synthetic":
-        n = synthetic_size[0] if split == "train" else synthetic_size[1]
+        n = synthetic_size[0] if split == "train" else synthetic_size[1]  # test: as many as val
         return synthetic(split, n, synthetic_classes, img_size, in_chans, seed=seed, transform=transform)
     raise ValueError(f"unknown dataset kind {kind!r}; choose one of {', '.join(KINDS)}")
 

@@ -45,6 +45,12 @@ class ArrayDataset(Dataset):
             image = self.transform(image)
         return image, int(self.labels[index])
 
+    def subset(self, indices: np.ndarray, transform: Callable | None = None) -> ArrayDataset:
+        """The images at `indices` (copied), with `transform`."""
+        out = ArrayDataset(self.images[indices], self.labels[indices], self.class_names, transform=transform)
+        out.mode = self.mode
+        return out
+
     @property
     def targets(self) -> list[int]:
         return self.labels.tolist()
@@ -54,3 +60,18 @@ def _pil_mode(in_chans: int) -> str:
     if in_chans not in (1, 3):
         raise ValueError(f"image datasets give 1 (grayscale) or 3 (RGB) channels, not in_chans={in_chans}")
     return "L" if in_chans == 1 else "RGB"
+
+
+def stratified_split(labels: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held-out) sorted indices: `size` indices held out with each class in its share, seeded."""
+    if not 0 < size < len(labels):
+        raise ValueError(f"a validation split of {size} images needs 0 < size < {len(labels)} (the training set)")
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    quota = np.floor(counts / len(labels) * size).astype(int)
+    quota[np.argsort(-(counts / len(labels) * size - quota))[: size - quota.sum()]] += 1  # largest remainders
+    held = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:q]
+                           for c, q in zip(classes, quota, strict=True)])
+    mask = np.zeros(len(labels), dtype=bool)
+    mask[held] = True
+    return np.flatnonzero(~mask), np.flatnonzero(mask)

@@ -1,4 +1,8 @@
-"""A training run's data: train and val datasets, their preprocessing, and the batched paths where they apply.
+"""A training run's data: train, val and test datasets, their preprocessing, and the batched paths.
+
+Model selection never looks at the test set: per-epoch metrics and the best checkpoint use the validation
+split, the test split is scored once at the end. Kinds without a validation split (Fashion-MNIST, CIFAR) get
+one carved from the training set: `data.val_size` images, class-stratified, seeded by `data.val_seed`.
 
 Two data paths (docs/training.md): in-memory datasets (Fashion-MNIST, CIFAR, synthetic) without RandAugment
 or colour jitter are augmented in whole batches in the training process (resmlp.data.batch_augment); all
@@ -9,9 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resmlp.data import ArrayDataset, PixelPermutation, build_dataset, dataset_stats
+from resmlp.data import (
+    KINDS_WITH_VAL,
+    ArrayDataset,
+    PixelPermutation,
+    SkippingImageFolder,
+    build_dataset,
+    dataset_stats,
+)
+from resmlp.data.arrays import stratified_split
 from resmlp.data.batch_augment import BatchAugment
 from resmlp.preprocess import Preprocess
 
@@ -23,10 +36,14 @@ if TYPE_CHECKING:
 class RunData:
     train: Any
     val: Any
+    test: Any | None  # None: the dataset has no test split (an image folder without test/)
+    train_eval: Any  # the training images with the evaluation transform (DINO's k-NN memory)
     class_names: list[str]
     preprocess: Preprocess
+    validation: str  # where the validation images come from, for summary.json
     train_augment: BatchAugment | None = None  # set: train is an ArrayDataset augmented batch by batch
     val_batched: BatchAugment | None = None  # set: val is an ArrayDataset preprocessed batch by batch
+    test_batched: BatchAugment | None = None
 
 
 def run_preprocess(d: DataConfig, in_chans: int, img_size: int) -> Preprocess:
@@ -50,17 +67,41 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
     train_tf = (train_transform(pre) if train_transform else
                 pre.train_transform(d.scale, d.ratio, d.hflip, d.color_jitter, d.auto_augment, d.reprob))
     train = build_dataset(d.kind, "train", transform=train_tf, **common)
-    val = build_dataset(d.kind, "val", transform=pre.eval_transform(), **common)
+    eval_tf = pre.eval_transform()
+    train_eval = build_dataset(d.kind, "train", transform=eval_tf, **common)
+    if d.kind in KINDS_WITH_VAL:
+        val, validation = build_dataset(d.kind, "val", transform=eval_tf, **common), "the dataset's val split"
+        test = _optional_test(d, eval_tf, common)
+    elif d.val_size:
+        kept, held = stratified_split(train.labels, d.val_size, d.val_seed)
+        train, val, train_eval = train.subset(kept, train_tf), train.subset(held, eval_tf), train.subset(kept, eval_tf)
+        validation = f"{d.val_size} images carved from train (class-stratified, seed {d.val_seed})"
+        test = build_dataset(d.kind, "test", transform=eval_tf, **common)
+    else:
+        val = test = build_dataset(d.kind, "test", transform=eval_tf, **common)
+        validation = "the test split (data.val_size 0: model selection sees the test set)"
     if train.class_names != val.class_names:
         raise ValueError(f"train and val classes differ: {len(train.class_names)} vs {len(val.class_names)} "
                          "classes; both splits need the same class folders")
     batched = (d.batch_augment and train_transform is None and isinstance(train, ArrayDataset)
                and not d.auto_augment and not d.color_jitter)
-    augment = val_batched = None
+    augment = val_batched = test_batched = None
     if batched:
         permutation = (PixelPermutation(d.permute, img_size, d.permute_patch, d.permute_seed)
                        if d.permute != "none" else None)
         augment = BatchAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip, d.reprob,
                                d.interpolation, after=permutation)
         val_batched = pre.batched_eval(*val.images.shape[1:3], after=permutation)
-    return RunData(train, val, list(train.class_names), pre, augment, val_batched)
+        test_batched = pre.batched_eval(*test.images.shape[1:3], after=permutation) if test is not None else None
+    return RunData(train, val, test, train_eval, list(train.class_names), pre, validation, augment, val_batched,
+                   test_batched)
+
+
+def _optional_test(d: DataConfig, eval_tf, common: dict[str, Any]):
+    """The test split of a kind with its own val split: synthetic's, or a folder's data.test_dir (default
+    DIR/test/<class>/, when it exists)."""
+    if d.kind == "synthetic":
+        return build_dataset(d.kind, "test", transform=eval_tf, **common)
+    if d.test_dir:
+        return SkippingImageFolder(d.test_dir, in_chans=common["in_chans"], transform=eval_tf)
+    return build_dataset(d.kind, "test", transform=eval_tf, **common) if (Path(d.dir) / "test").is_dir() else None

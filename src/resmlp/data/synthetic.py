@@ -11,7 +11,7 @@ def synthetic(split: str, num_images: int, num_classes: int, img_size: int, in_c
               seed: int = 0, transform=None) -> ArrayDataset:
     """`num_images` uint8 images, each 60% its class's template and 40% fresh noise: easy to learn."""
     templates = np.random.default_rng(seed).uniform(0, 255, (num_classes, img_size, img_size))
-    rng = np.random.default_rng([seed, 0 if split == "train" else 1])
+    rng = np.random.default_rng([seed, {"train": 0, "val": 1, "test": 2}[split]])
     labels = np.arange(num_images) % num_classes
     rng.shuffle(labels)
     noise = rng.uniform(0, 255, (num_images, img_size, img_size))

@@ -37,6 +37,11 @@ class DataConfig:
     mean: list[float] | None = None  # None: the dataset's statistics (ImageNet's for folders)
     std: list[float] | None = None
     crop_pct: float = 0.875  # evaluation: resize to img_size / crop_pct, then center-crop
+    # validation images carved from train for kinds without a val split (Fashion-MNIST, CIFAR): class-stratified,
+    # seeded; model selection uses them, the test split is scored once at the end. 0: validate on test (flagged)
+    val_size: int = 5000
+    val_seed: int = 0
+    test_dir: str | None = None  # folder kind: the test images (DIR/test by default, when it exists)
     interpolation: str = "bicubic"
     scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
     ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
@@ -396,6 +401,9 @@ def _check_values(cfg: TrainConfig) -> list[str]:
         need(getattr(d, key) >= 0, f"data.{key} must be >= 0, got {getattr(d, key)}")
     need(d.repeated_aug >= 0, f"data.repeated_aug must be >= 0, got {d.repeated_aug}")
     need(d.num_workers >= 0, f"data.num_workers must be >= 0, got {d.num_workers}")
+    need(d.val_size >= 0, f"data.val_size must be >= 0, got {d.val_size}")
+    if d.test_dir is not None:
+        need(Path(d.test_dir).is_dir(), f"data.test_dir: {d.test_dir} does not exist or is not a folder")
     need(d.permute in ("none", "patch", "global"), f"data.permute: {d.permute!r} is not one of none, patch, global")
     if d.auto_augment is not None:
         need(d.auto_augment.startswith(("rand", "augmix", "original", "v0", "3a")),

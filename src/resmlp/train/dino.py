@@ -38,7 +38,6 @@ from torch.utils.data import DataLoader
 from torchvision import transforms as T
 
 from resmlp import reporting
-from resmlp.data import build_dataset
 from resmlp.train.config import TrainConfig
 from resmlp.train.probe import extract_features, knn_accuracy
 from resmlp.train.tasks import SupervisedTask
@@ -196,16 +195,13 @@ class DINOTask(SupervisedTask):
         return self._step_loss
 
     def setup(self, trainer: Trainer) -> None:
-        cfg, d = self.cfg, self.cfg.data
+        cfg = self.cfg
         self.teacher = ModelEmaV3(trainer.model, decay=cfg.dino.momentum_teacher)
         self.teacher.module.requires_grad_(False)  # the teacher only ever moves by the EMA
         total_steps = cfg.schedule.epochs * trainer.steps_per_epoch
         self.momentum = cosine_schedule(cfg.dino.momentum_teacher, 1.0, total_steps)
         end = cfg.dino.weight_decay_end
         self.weight_decay = cosine_schedule(cfg.optim.weight_decay, end, total_steps) if end is not None else None
-        pre = trainer.data.preprocess
-        self.knn_memory = build_dataset(d.kind, "train", d.dir, pre.in_chans, pre.eval_transform(),
-                                        tuple(d.synthetic_size), d.synthetic_classes, pre.img_size, cfg.train.seed)
 
     def _step_loss(self, model: nn.Module, crops: list[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         if not isinstance(crops, list):
@@ -243,10 +239,16 @@ class DINOTask(SupervisedTask):
         return self.teacher.module.backbone
 
     def evaluate(self, trainer: Trainer, model: nn.Module) -> tuple[dict[str, Any], float]:
-        top1 = knn_top1(model, self.knn_memory, trainer.data.val, trainer.micro_batch, self.cfg.data.num_workers,
-                        trainer.info.device, trainer.amp == "bf16", self.cfg.dino.knn_k,
-                        self.cfg.dino.knn_temperature)
+        top1 = self._knn(trainer, model, trainer.data.val)
         return dict(knn_top1=top1, skipped_val_images=0), top1
+
+    def test_scores(self, trainer: Trainer, model: nn.Module) -> dict[str, float]:
+        return dict(knn_top1=self._knn(trainer, model, trainer.data.test))
+
+    def _knn(self, trainer: Trainer, model: nn.Module, queries) -> float:
+        """k-NN top-1 of `queries` with the training images (evaluation transform) as the memory."""
+        return knn_top1(model, trainer.data.train_eval, queries, trainer.micro_batch, self.cfg.data.num_workers,
+                        trainer.info.device, trainer.amp == "bf16", self.cfg.dino.knn_k, self.cfg.dino.knn_temperature)
 
     def epoch_message(self, row: dict[str, Any], epochs: int) -> str:
         return f"epoch {row['epoch']}/{epochs}: DINO loss {row['train_loss']:.4f}, k-NN top-1 {row['knn_top1']:.2f}%"
@@ -255,8 +257,10 @@ class DINOTask(SupervisedTask):
         rows = [dict(r, val_loss=math.nan, val_top1=r["knn_top1"]) for r in history]  # no val loss in DINO
         reporting.plot_learning_curves(path, rows)
 
-    def scores(self, best: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
-        return dict(knn_top1=best["knn_top1"], final_knn_top1=history[-1]["knn_top1"])
+    def scores(self, best: dict[str, Any], selected_test: dict[str, float] | None,
+               final_test: dict[str, float] | None) -> dict[str, Any]:
+        return dict(knn_top1=best["knn_top1"], test_knn_top1=selected_test and selected_test["knn_top1"],
+                    final_test_knn_top1=final_test and final_test["knn_top1"])
 
 
 def knn_top1(backbone: nn.Module, memory, test, batch_size: int, num_workers: int, device: torch.device,

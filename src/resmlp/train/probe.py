@@ -64,12 +64,12 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
                         temperature: float = 0.07, progress: bool = False) -> dict[str, Any]:
     """k-NN (`knn_top1`) or linear-probe (`linear_top1`) accuracy of any checkpoint's frozen features.
 
-    The training split is the memory / probe training set, the val split (the test set of Fashion-MNIST
-    and CIFAR) is classified; both with the checkpoint's evaluation preprocessing. data: a dataset kind or
+    The training split is the memory / probe training set, the test split (folders: val) is classified;
+    both with the checkpoint's evaluation preprocessing. data: a dataset kind or
     a folder holding train/<class>/ and val/<class>/. With `output`, writes OUTPUT/summary.json.
     """
     from resmlp import reporting
-    from resmlp.data import KINDS, build_dataset
+    from resmlp.data import KINDS, build_dataset, heldout_split
     from resmlp.evaluation import resolve_checkpoint
     from resmlp.inference import load_for_inference
     from resmlp.runtime import resolve_device
@@ -86,7 +86,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     torch_device = resolve_device(device)
     start = time.perf_counter()
     split_features = []
-    for split in ("train", "val"):
+    for split in ("train", heldout_split(data)):
         dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
         loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
         if progress:

@@ -1,14 +1,20 @@
-"""The resumable training state (DIR/last.pth): everything needed to continue bit-for-bit."""
+"""The resumable training state (DIR/last.pth) and the per-step seeding: everything needed to continue bit-for-bit."""
 
 from __future__ import annotations
 
+import random
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from resmlp.checkpoint import torch_load
 from resmlp.fileio import atomic_write
+
+if TYPE_CHECKING:
+    from resmlp.train.trainer import Trainer
 
 STATE_FILE = "last.pth"
 STATE_VERSION = 2  # 2: task state under "task", the schedule rebuilt from the config
@@ -58,3 +64,61 @@ def check_resumable(path: str | Path, saved: dict[str, Any], now: dict[str, Any]
     if new["schedule.epochs"] < old["schedule.epochs"]:
         raise ValueError(f"--epochs {new['schedule.epochs']} is fewer than the run's {old['schedule.epochs']}; a "
                          "resume can extend a run, not shorten it")
+
+
+def state_to_resume(out: Path, resume: bool | str | Path) -> Path | None:
+    """The state file a run continues (resume True: OUT/last.pth), None for a new run; refuses to start a new
+    run over an existing one."""
+    existing = out / STATE_FILE
+    if resume is False:
+        if existing.exists():
+            raise ValueError(f"{out} already holds a run ({existing}); continue it with --resume, or "
+                             "choose another --output")
+        return None
+    path = existing if resume is True else Path(resume)
+    if not path.is_file():
+        raise FileNotFoundError(f"nothing to resume: {path} does not exist")
+    return path
+
+
+def snapshot(trainer: Trainer) -> dict[str, Any]:
+    """Everything a resume needs, from the trainer's public state."""
+    return dict(
+        config=trainer.cfg.to_dict(), model=trainer.model.state_dict(), optimizer=trainer.optimizer.state_dict(),
+        ema=trainer.ema.state_dict() if trainer.ema else None,
+        scaler=trainer.scaler.state_dict() if trainer.scaler else None, task=trainer.task.state_dict(),
+        epoch=trainer.epoch,
+        step_in_epoch=trainer.step_in_epoch, global_step=trainer.global_step, history=trainer.history,
+        best_top1=trainer.best_top1, best_epoch=trainer.best_epoch, epoch_totals=trainer.epoch_totals.clone(),
+        world_size=trainer.info.world_size, wall_seconds=trainer.wall_before + time.perf_counter() - trainer.t0,
+    )
+
+
+def restore(trainer: Trainer, state: dict[str, Any]) -> None:
+    """Put a saved state back into a freshly built trainer (same config, or one check_resumable accepts)."""
+    check_resumable(trainer.state_path, state["config"], trainer.cfg.to_dict())
+    trainer.model.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    if trainer.ema is not None and state["ema"] is not None:
+        trainer.ema.load_state_dict(state["ema"])
+    if trainer.scaler is not None and state["scaler"] is not None:
+        trainer.scaler.load_state_dict(state["scaler"])
+    trainer.task.load_state_dict(state["task"])
+    trainer.epoch, trainer.step_in_epoch = state["epoch"], state["step_in_epoch"]
+    trainer.global_step, trainer.history = state["global_step"], state["history"]
+    trainer.best_top1, trainer.best_epoch = state["best_top1"], state["best_epoch"]
+    trainer.epoch_totals = state["epoch_totals"]
+    trainer.wall_before = state["wall_seconds"]
+    # the schedule is a function of the config and the step, so it is rebuilt rather than loaded: a resume
+    # may extend schedule.epochs or lower optim.lr (check_resumable says which keys may change)
+    trainer.scheduler.step_update(trainer.global_step)
+
+
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Seed every RNG the step touches (dropout, drop-path, Mixup) from (seed, step, rank): exact resume."""
+    # only ints: a str in the tuple would hash differently in every process (PYTHONHASHSEED); the 4-tuple
+    # keeps step seeds apart from the per-image seeds (seed, epoch, position)
+    step_seed = hash((seed, step, rank, 0)) & 0x7FFF_FFFF
+    random.seed(step_seed)
+    np.random.seed(step_seed)
+    torch.manual_seed(step_seed)  # all devices: dropout and drop-path run where the model is

@@ -66,6 +66,14 @@ class Task:
         return dict(val_loss=result["loss"], val_top1=result["top1"], val_top5=result["top5"],
                     skipped_val_images=result["skipped"]), result["top1"]
 
+    def test_scores(self, trainer: Trainer, model: nn.Module) -> dict[str, float]:
+        """Scores of `model` on the test split, computed once at the end of a run (never for selection)."""
+        data, info = trainer.data, trainer.info
+        loader = eval_batches_or_loader(data.test, data.test_batched, trainer.micro_batch,
+                                        self.cfg.data.num_workers, info)
+        result = classify(model, loader, len(data.class_names), info.device, trainer.amp, info)
+        return dict(top1=result["top1"], top5=result["top5"])
+
     def model_to_save(self, trainer: Trainer) -> nn.Module:
         """The network evaluated and written to best/last.safetensors."""
         return trainer.ema.module if trainer.ema is not None else trainer.model
@@ -79,9 +87,14 @@ class Task:
     def plot(self, path: Path, history: list[dict[str, Any]]) -> None:
         reporting.plot_learning_curves(path, history)
 
-    def scores(self, best: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
-        """The accuracy keys of summary.json, from the best epoch's row."""
-        return dict(test_top1=best["val_top1"], test_top5=best["val_top5"], final_top1=history[-1]["val_top1"])
+    def scores(self, best: dict[str, Any], selected_test: dict[str, float] | None,
+               final_test: dict[str, float] | None) -> dict[str, Any]:
+        """The accuracy keys of summary.json: the selected (best-on-validation) epoch's val_top1, and the test
+        split's scores of the selected and of the last checkpoint (None without a test split)."""
+        return dict(val_top1=best["val_top1"], val_top5=best["val_top5"],
+                    test_top1=selected_test and selected_test["top1"],
+                    test_top5=selected_test and selected_test["top5"],
+                    final_test_top1=final_test and final_test["top1"])
 
     def summary_extra(self) -> dict[str, Any]:
         """Further keys for summary.json (e.g. what the teacher was)."""

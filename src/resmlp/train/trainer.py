@@ -1,7 +1,7 @@
-"""The training loop: recipe in; checkpoints, metrics, plots and summary.json out.
+"""The training loop: a config and a task in; checkpoints, metrics, plots and summary.json out.
 
-`train(recipe, output_dir, overrides, resume)` picks the config's task (resmlp.train.tasks: supervised,
-distillation, fine-tuning, DINO) and runs the Trainer. The Trainer owns what every paradigm shares: devices,
+The front doors (resmlp.train.run: train, finetune, pretrain_dino) pick the config's task (resmlp.train.tasks:
+supervised, distillation, fine-tuning, DINO) and run the Trainer. The Trainer owns what every paradigm shares: devices,
 precision, DDP, the optimizer and schedule, the optional weight EMA, the step loop, exact resume, checkpoints
 and logging. The task owns what differs (model, loss, evaluation, extra state). `images` may be a list of
 crops (DINO).
@@ -10,15 +10,16 @@ crops (DINO).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
-import random
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from safetensors.torch import load_file
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
@@ -32,80 +33,14 @@ from resmlp.data import ResumableSampler, SeededDataset, collate_skipping
 from resmlp.data.assemble import build_data
 from resmlp.data.batch_augment import array_batches
 from resmlp.hostinfo import host_info
-from resmlp.runtime import (
-    DistInfo,
-    all_reduce_sum,
-    autocast,
-    barrier,
-    grad_scaler,
-    init_distributed,
-    process_settings,
-    resolve_amp,
-    shutdown,
-)
-from resmlp.train.config import TRAINING_FIELDS, TrainConfig, load_config, parse_overrides
-from resmlp.train.state import STATE_FILE, check_resumable, load_state, save_state
-from resmlp.train.tasks import Task, task_for
+from resmlp.runtime import DistInfo, all_reduce_sum, autocast, barrier, grad_scaler, resolve_amp, to_device
+from resmlp.train.config import TrainConfig
+from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
+from resmlp.train.tasks import Task
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the last good checkpoint is left as it was."""
-
-
-def seed_step(seed: int, step: int, rank: int) -> None:
-    """Seed every RNG the step touches (dropout, drop-path, Mixup) from (seed, step, rank): exact resume."""
-    # only ints: a str in the tuple would hash differently in every process (PYTHONHASHSEED); the 4-tuple
-    # keeps step seeds apart from the per-image seeds (seed, epoch, position)
-    step_seed = hash((seed, step, rank, 0)) & 0x7FFF_FFFF
-    random.seed(step_seed)
-    np.random.seed(step_seed)
-    torch.manual_seed(step_seed)  # all devices: dropout and drop-path run where the model is
-
-
-def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", output_dir: str | Path = "runs/train",
-          overrides: dict[str, Any] | list[str] | None = None, resume: bool | str | Path = False,
-          task: Task | None = None) -> dict[str, Any]:
-    """Train from a recipe (name, YAML path, dict or TrainConfig); return summary.json's content.
-
-    overrides: {"optim.lr": 1e-3} or ["optim.lr=1e-3"]. resume: True continues OUTPUT/last.pth, a path
-    continues that state file. task: a Task instance replacing the config's (e.g. a custom loss).
-    Launched by torchrun, every process calls this; only rank 0 writes files.
-    """
-    cfg = load_config(recipe, overrides)
-    with process_settings(cfg.train.threads, cfg.train.deterministic):
-        info = init_distributed(cfg.train.device)
-        try:
-            return Trainer(cfg, Path(output_dir), info, resume, task or task_for(cfg)).fit()
-        finally:
-            shutdown(info)
-
-
-def finetune(checkpoint: str | Path, recipe: str | Path | dict | TrainConfig, output_dir: str | Path,
-             overrides: dict[str, Any] | list[str] | None = None, img_size: int | None = None,
-             freeze: int | str | None = None, layer_decay: float | None = None,
-             resume: bool | str | Path = False) -> dict[str, Any]:
-    """Fine-tune `checkpoint` with `recipe`'s data, optimiser and schedule; returns summary.json's content.
-
-    The run's model is the checkpoint (model.name = its path, the recipe's dropout kept): the finetune task.
-    img_size: new resolution (ResMLP: cross-patch matrices resized; Mixer: block-diagonal expansion).
-    freeze: number of leading blocks to freeze, or 'all-but-head'. layer_decay: e.g. 0.75.
-    """
-    if not Path(checkpoint).is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
-    raw = load_config(recipe, overrides).to_dict()
-    raw["model"] = {"name": str(Path(checkpoint).resolve()),
-                    **{k: v for k, v in raw["model"].items() if k in TRAINING_FIELDS}}
-    raw["finetune"] = dict(img_size=img_size, freeze=freeze)
-    if layer_decay is not None:
-        raw["optim"]["layer_decay"] = layer_decay
-    return train(raw, output_dir, resume=resume)
-
-
-def pretrain_dino(recipe: str | Path | dict = "dino-fashion-mnist", output_dir: str | Path = "runs/dino",
-                  overrides: dict[str, Any] | list[str] | None = None,
-                  resume: bool | str | Path = False) -> dict[str, Any]:
-    """DINO self-supervised pre-training from a recipe; returns summary.json's content (with knn_top1)."""
-    return train(recipe, output_dir, {**parse_overrides(overrides), "task": "dino"}, resume)
 
 
 class Trainer:
@@ -114,7 +49,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, out: Path, info: DistInfo, resume: bool | str | Path, task: Task) -> None:
         self.cfg, self.out, self.info, self.task = cfg, out, info, task
         t, device = cfg.train, info.device
-        self.state_path = self._state_to_resume(resume)
+        self.state_path = state_to_resume(out, resume)
         self.amp = resolve_amp(t.amp, device)
         world_micro = info.world_size * t.grad_accum
         if t.batch_size % world_micro:
@@ -150,7 +85,7 @@ class Trainer:
         self.wall_before = 0.0  # training seconds spent before a resume
         task.setup(self)
         if self.state_path is not None:
-            self._restore(load_state(self.state_path))
+            restore(self, load_state(self.state_path))
 
     def _build_optimization(self) -> None:
         """Optimizer (timm), lr schedule (timm, per step), weight EMA (timm) and gradient scaler (fp16)."""
@@ -170,47 +105,6 @@ class Trainer:
             updates_per_epoch=self.steps_per_epoch)
         self.ema = ModelEmaV3(self.model, decay=t.ema_decay) if t.ema else None
         self.scaler = grad_scaler(self.amp, self.info.device)
-
-    # -------------------------------------------------------------------------------- resume
-    def _state_to_resume(self, resume: bool | str | Path) -> Path | None:
-        existing = self.out / STATE_FILE
-        if resume is False:
-            if existing.exists():
-                raise ValueError(f"{self.out} already holds a run ({existing}); continue it with --resume, or "
-                                 "choose another --output")
-            return None
-        path = existing if resume is True else Path(resume)
-        if not path.is_file():
-            raise FileNotFoundError(f"nothing to resume: {path} does not exist")
-        return path
-
-    def _snapshot(self) -> dict[str, Any]:
-        return dict(
-            config=self.cfg.to_dict(), model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-            ema=self.ema.state_dict() if self.ema else None,
-            scaler=self.scaler.state_dict() if self.scaler else None, task=self.task.state_dict(), epoch=self.epoch,
-            step_in_epoch=self.step_in_epoch, global_step=self.global_step, history=self.history,
-            best_top1=self.best_top1, best_epoch=self.best_epoch, epoch_totals=self.epoch_totals.clone(),
-            world_size=self.info.world_size, wall_seconds=self.wall_before + time.perf_counter() - self.t0,
-        )
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        check_resumable(self.state_path, state["config"], self.cfg.to_dict())
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.ema is not None and state["ema"] is not None:
-            self.ema.load_state_dict(state["ema"])
-        if self.scaler is not None and state["scaler"] is not None:
-            self.scaler.load_state_dict(state["scaler"])
-        self.task.load_state_dict(state["task"])
-        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
-        self.global_step, self.history = state["global_step"], state["history"]
-        self.best_top1, self.best_epoch = state["best_top1"], state["best_epoch"]
-        self.epoch_totals = state["epoch_totals"]
-        self.wall_before = state["wall_seconds"]
-        # the schedule is a function of the config and the step, so it is rebuilt rather than loaded: a resume
-        # may extend schedule.epochs or lower optim.lr (check_resumable says which keys may change)
-        self.scheduler.step_update(self.global_step)
 
     # -------------------------------------------------------------------------------- the run
     def fit(self) -> dict[str, Any]:
@@ -265,7 +159,7 @@ class Trainer:
         step_loss, images_seen = torch.zeros((), dtype=torch.float64), 0
         for micro in range(t.grad_accum):
             images, targets, skipped = next(micro_batches)
-            images = _to_device(images, info.device, t.channels_last)  # a tensor, or a list of crops
+            images = to_device(images, info.device, t.channels_last)  # a tensor, or a list of crops
             targets = targets.to(info.device, non_blocking=True)
             sync = micro == t.grad_accum - 1 or not info.enabled
             with (contextlib.nullcontext() if sync else self.train_model.no_sync()), autocast(info.device, self.amp):
@@ -338,19 +232,31 @@ class Trainer:
         self.epoch += 1
         self.step_in_epoch = 0
         self.epoch_totals = torch.zeros(3, dtype=torch.float64)
+        # the resumable state first: whatever fails after it, the epoch is not lost
+        self._save_state()
         if self.info.is_main:
             print(self.task.epoch_message(row, self.cfg.schedule.epochs), flush=True)
             save(eval_model, self.out / "last.safetensors", self._metadata(row))
             if improved:
                 save(eval_model, self.out / "best.safetensors", self._metadata(row))
-            reporting.write_metrics_csv(self.out / "metrics.csv", self.history)
-            self.task.plot(self.out / "learning_curves.png", self.history)
-            self.tb.log(row)
-        self._save_state()
+            self._side_outputs(row)
+
+    def _side_outputs(self, row: dict[str, Any]) -> None:
+        """Metrics CSV, learning curves and TensorBoard: a failure here is a warning, never a lost run."""
+        for what, write in (("metrics.csv", lambda: reporting.write_metrics_csv(self.out / "metrics.csv",
+                                                                                self.history)),
+                            ("learning_curves.png", lambda: self.task.plot(self.out / "learning_curves.png",
+                                                                           self.history)),
+                            ("TensorBoard log", lambda: self.tb.log(row))):
+            try:
+                write()
+            except Exception as e:  # a side output must not stop training: the state is already saved
+                warnings.warn(f"could not write {what} in {self.out} ({type(e).__name__}: {e}); training goes on",
+                              stacklevel=2)
 
     def _save_state(self) -> None:
         if self.info.is_main:
-            save_state(self.out / STATE_FILE, self._snapshot())
+            save_state(self.out / STATE_FILE, snapshot(self))
         barrier(self.info)
 
     def _metadata(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -360,10 +266,11 @@ class Trainer:
 
     def _finish(self) -> dict[str, Any]:
         best = next(r for r in self.history if r["epoch"] == self.best_epoch)
+        selected_test, final_test = self._test_scores()
         summary = dict(
-            **self.task.scores(best, self.history), epochs=self.epoch,
-            wall_seconds=round(self.wall_before + time.perf_counter() - self.t0, 1),
-            checkpoint=str((self.out / "best.safetensors").resolve()), best_epoch=self.best_epoch,
+            **self.task.scores(best, selected_test, final_test), selected_epoch=self.best_epoch, epochs=self.epoch,
+            validation=self.data.validation, wall_seconds=round(self.wall_before + time.perf_counter() - self.t0, 1),
+            checkpoint=str((self.out / "best.safetensors").resolve()),
             last_checkpoint=str((self.out / "last.safetensors").resolve()),
             state=str((self.out / STATE_FILE).resolve()), recipe=self.cfg.recipe, task=self.task.name,
             model=self.cfg.model, dataset=self.cfg.data.kind, global_batch=self.cfg.train.batch_size, lr=self.lr,
@@ -375,10 +282,14 @@ class Trainer:
             reporting.write_json(self.out / "summary.json", summary)
         return summary
 
-
-def _to_device(images: torch.Tensor | list[torch.Tensor], device: torch.device,
-               channels_last: bool) -> torch.Tensor | list[torch.Tensor]:
-    if isinstance(images, (list, tuple)):
-        return [_to_device(crop, device, channels_last) for crop in images]
-    images = images.to(device, non_blocking=True)
-    return images.contiguous(memory_format=torch.channels_last) if channels_last else images
+    def _test_scores(self) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+        """The test split scored once, after training: the selected (best on validation) and the last
+        checkpoint. Never used for any choice."""
+        if self.data.test is None:
+            return None, None
+        barrier(self.info)  # rank 0 wrote best.safetensors after the last barrier
+        last = self.task.model_to_save(self)
+        final_test = self.task.test_scores(self, last)
+        selected = copy.deepcopy(last)
+        selected.load_state_dict(load_file(self.out / "best.safetensors", device=str(self.info.device)))
+        return self.task.test_scores(self, selected), final_test

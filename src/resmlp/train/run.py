@@ -1,0 +1,65 @@
+"""The training front doors: `train` (any task from a recipe), `finetune` (a checkpoint on a recipe's data) and
+`pretrain_dino`. Each resolves a config and hands it to the Trainer (resmlp.train.trainer) with its task."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from resmlp.fileio import RunLock, remove_stale_temporaries
+from resmlp.runtime import init_distributed, process_settings, shutdown
+from resmlp.train.config import TRAINING_FIELDS, TrainConfig, load_config, parse_overrides
+from resmlp.train.tasks import Task, task_for
+from resmlp.train.trainer import Trainer
+
+
+def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", output_dir: str | Path = "runs/train",
+          overrides: dict[str, Any] | list[str] | None = None, resume: bool | str | Path = False,
+          task: Task | None = None) -> dict[str, Any]:
+    """Train from a recipe (name, YAML path, dict or TrainConfig); return summary.json's content.
+
+    overrides: {"optim.lr": 1e-3} or ["optim.lr=1e-3"]. resume: True continues OUTPUT/last.pth, a path
+    continues that state file. task: a Task instance replacing the config's (e.g. a custom loss).
+    Launched by torchrun, every process calls this; only rank 0 writes files.
+    """
+    cfg = load_config(recipe, overrides)
+    out = Path(output_dir)
+    with process_settings(cfg.train.threads, cfg.train.deterministic):
+        info = init_distributed(cfg.train.device)
+        try:
+            # one run owns its output folder: a second run (or resume) on it fails fast, naming the holder
+            with RunLock(out) if info.is_main else contextlib.nullcontext():
+                if info.is_main and resume:
+                    remove_stale_temporaries(out)  # left by a kill during an atomic write
+                return Trainer(cfg, out, info, resume, task or task_for(cfg)).fit()
+        finally:
+            shutdown(info)
+
+
+def finetune(checkpoint: str | Path, recipe: str | Path | dict | TrainConfig, output_dir: str | Path,
+             overrides: dict[str, Any] | list[str] | None = None, img_size: int | None = None,
+             freeze: int | str | None = None, layer_decay: float | None = None,
+             resume: bool | str | Path = False) -> dict[str, Any]:
+    """Fine-tune `checkpoint` with `recipe`'s data, optimiser and schedule; returns summary.json's content.
+
+    The run's model is the checkpoint (model.name = its path, the recipe's dropout kept): the finetune task.
+    img_size: new resolution (ResMLP: cross-patch matrices resized; Mixer: block-diagonal expansion).
+    freeze: number of leading blocks to freeze, or 'all-but-head'. layer_decay: e.g. 0.75.
+    """
+    if not Path(checkpoint).is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
+    raw = load_config(recipe, overrides).to_dict()
+    raw["model"] = {"name": str(Path(checkpoint).resolve()),
+                    **{k: v for k, v in raw["model"].items() if k in TRAINING_FIELDS}}
+    raw["finetune"] = dict(img_size=img_size, freeze=freeze)
+    if layer_decay is not None:
+        raw["optim"]["layer_decay"] = layer_decay
+    return train(raw, output_dir, resume=resume)
+
+
+def pretrain_dino(recipe: str | Path | dict = "dino-fashion-mnist", output_dir: str | Path = "runs/dino",
+                  overrides: dict[str, Any] | list[str] | None = None,
+                  resume: bool | str | Path = False) -> dict[str, Any]:
+    """DINO self-supervised pre-training from a recipe; returns summary.json's content (with knn_top1)."""
+    return train(recipe, output_dir, {**parse_overrides(overrides), "task": "dino"}, resume)
