@@ -159,11 +159,11 @@ def test_deit_recipe_runs_with_every_augmentation(tmp_path):
                  "data.synthetic_size": [32, 16], "data.num_workers": 0, "schedule.epochs": 1,
                  "schedule.warmup_epochs": 0, "train.batch_size": 8, "train.ema": True, "train.clip_grad": 1.0,
                  "data.crop_pct": 0.875, "data.scale": [0.08, 1.0], "data.ratio": [0.75, 1.3333]}
-    del overrides["optim.lr"]  # keep the recipe's: 5e-3 for a global batch of 1024
+    del overrides["optim.lr"]  # keep the recipe's: 5e-3 for a global batch of 2048
     cfg = load_config("deit", overrides)
     assert cfg.data.mixup == 0.8 and cfg.data.repeated_aug == 3 and cfg.data.auto_augment
     summary = train(cfg, tmp_path / "run")
-    assert summary["epochs"] == 1 and summary["lr"] == pytest.approx(5e-3 * 8 / 1024)
+    assert summary["epochs"] == 1 and summary["lr"] == pytest.approx(5e-3 * 8 / 2048)
     assert resmlp.read_metadata(summary["checkpoint"])["preprocess"]["crop_pct"] == 0.875
 
 
