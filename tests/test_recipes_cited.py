@@ -187,12 +187,13 @@ def _cifar100(root: Path, n_train: int = 16, n_test: int = 8, classes: int = 5) 
 def test_cifar_finetune_runs_on_the_python_layout(tmp_path):
     """The recipe as shipped (RandAugment, Mixup/CutMix, repeated augmentation, erasing, AdamW, fp32), one short
     epoch of a tiny checkpoint on a tiny CIFAR-100: only the sizes are overridden."""
-    data = _cifar100(tmp_path / "data")
+    data = _cifar100(tmp_path / "data", n_train=21)
     source = resmlp.create_model("resmlp_s12", img_size=32, patch_size=8, dim=32, depth=2, num_classes=7)
     ckpt = tmp_path / "imagenet.safetensors"
     resmlp.save(source, ckpt)
     small = {"data.dir": str(data), "schedule.epochs": 2, "schedule.warmup_epochs": 1, "train.batch_size": 8,
-             "data.num_workers": 0, "train.compile": False, "train.threads": 1, "train.progress": False}
+             "data.num_workers": 0, "train.compile": False, "train.threads": 1, "train.progress": False,
+             "data.val_size": 5}  # validation carved from the 21 training images (the recipe: 5,000 of 50,000)
     summary = finetune(ckpt, "cifar-finetune", tmp_path / "run", overrides=small)
     assert summary["epochs"] == 2
     assert summary["lr"] == pytest.approx(5e-6 * 8 / 768)  # the authors' lr, scaled to this batch
