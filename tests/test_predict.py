@@ -100,3 +100,18 @@ def _nullcontext():
     import contextlib
 
     return contextlib.nullcontext()
+
+
+def test_a_timm_model_saved_by_resmlp_predicts(tmp_path, capsys):
+    """resmlp.save stores timm models too (e.g. the convnet teacher): predict must classify with them."""
+    import timm
+
+    net = timm.create_model("resnet10t", in_chans=1, num_classes=3).eval()
+    pre = Preprocess(16, 1, (0.5,), (0.25,), crop_pct=1.0)
+    resmlp.save(net, tmp_path / "cnn.safetensors", {"preprocess": pre.to_dict(), "class_names": ["a", "b", "c"]})
+    Image.new("L", (16, 16), 90).save(tmp_path / "x.png")
+    assert main(["predict", str(tmp_path / "cnn.safetensors"), str(tmp_path / "x.png"), "--top-k", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "1 image(s) classified" in out and "#4" not in out  # top-k capped at the 3 classes
+    assert main(["predict", str(tmp_path / "cnn.safetensors"), str(tmp_path / "x.png"), "--precision", "int8"]) == 2
+    assert "use --precision fp32" in capsys.readouterr().err

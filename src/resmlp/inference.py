@@ -108,10 +108,16 @@ class CastingWrapper(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.config = model.config
+        self.config = getattr(model, "config", None)
+        self.dtype = next(model.parameters()).dtype
+
+    def _apply(self, fn, recurse=True):  # .to(dtype) changes the weights' dtype: follow it
+        out = super()._apply(fn, recurse)
+        self.dtype = next(self.model.parameters()).dtype
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(_cast_input(x, self.model.stem.proj.weight.dtype)).float()
+        return self.model(_cast_input(x, self.dtype)).float()
 
 
 def _cast_input(x: Any, dtype: torch.dtype) -> Any:
@@ -137,7 +143,7 @@ def native_bf16_available(device: torch.device | str = "cpu") -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
-def optimize(model: ResMLP, precision: str = "fp32", compile: bool = False) -> nn.Module:
+def optimize(model: nn.Module, precision: str = "fp32", compile: bool = False) -> nn.Module:
     """An inference copy of `model`: folded, token-major where possible, in `precision`.
 
     precision: "fp32" (equal to the model within float rounding), "bf16" (weights and activations in
@@ -147,6 +153,12 @@ def optimize(model: ResMLP, precision: str = "fp32", compile: bool = False) -> n
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if not isinstance(model, ResMLP):  # e.g. a timm convnet saved with resmlp.save: nothing to fold
+        if precision != "fp32":
+            raise ValueError(f"precision {precision} is for ResMLP/Mixer models; this checkpoint holds a "
+                             f"{type(model).__name__}: use --precision fp32")
+        fast = CastingWrapper(model.float()).eval().requires_grad_(False)
+        return torch.compile(fast) if compile else fast
     device = model.stem.proj.weight.device
     fused = fuse(model).float()
     # int8 quantises nn.Linear modules, which the token-major blocks (raw in-place products) don't use

@@ -1,0 +1,70 @@
+"""A run owns its output folder, and nothing after the resumable state can lose an epoch."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+import torch
+
+from resmlp import reporting
+from resmlp.errors import OutputError
+from resmlp.fileio import RunLock
+from resmlp.train import train
+
+TINY = {
+    "data.kind": "synthetic", "data.hflip": 0.0, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0],
+    "data.num_workers": 0, "data.crop_pct": 1.0, "model.img_size": 16, "model.patch_size": 4, "model.dim": 16,
+    "model.depth": 1, "schedule.epochs": 2, "schedule.warmup_epochs": 0, "train.batch_size": 16,
+    "train.progress": False, "data.synthetic_size": [64, 32], "train.threads": 1, "train.compile": False,
+}
+
+
+def test_a_second_run_on_a_held_folder_fails_naming_the_holder(tmp_path):
+    with RunLock(tmp_path / "run"):  # another run holds the folder
+        with pytest.raises(OutputError, match=r"in use by another run \(pid"):
+            train("fashion-mnist-quick", tmp_path / "run", TINY)
+    assert not (tmp_path / "run" / "last.pth").exists()
+    train("fashion-mnist-quick", tmp_path / "run", TINY)  # released: the folder is free again
+
+
+def test_a_failing_side_output_warns_and_the_run_finishes(tmp_path, monkeypatch):
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(reporting, "plot_learning_curves", full_disk)
+    with pytest.warns(UserWarning, match="could not write learning_curves.png.*training goes on"):
+        summary = train("fashion-mnist-quick", tmp_path / "run", TINY)
+    assert summary["epochs"] == 2 and json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 2
+
+
+def test_a_full_disk_at_the_state_stops_the_run_with_the_last_good_state_intact(tmp_path, monkeypatch):
+    from resmlp.train import state
+
+    out = tmp_path / "run"
+    train("fashion-mnist-quick", out, {**TINY, "schedule.epochs": 1})
+    before = torch.load(out / "last.pth", weights_only=True)
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)  # the temporary is written, then the disk fills
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(state.torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        train("fashion-mnist-quick", out, {**TINY, "schedule.epochs": 2}, resume=True)  # extends the run
+    monkeypatch.undo()
+    after = torch.load(out / "last.pth", weights_only=True)
+    assert after["epoch"] == before["epoch"] == 1  # the previous state, whole
+    assert not [p for p in out.iterdir() if p.name.startswith(".last.pth")]  # no temporary left behind
+
+
+def test_resume_extends_a_finished_run_and_may_lower_the_learning_rate(tmp_path):
+    out = tmp_path / "run"
+    first = train("fashion-mnist-quick", out, {**TINY, "schedule.epochs": 1})
+    assert first["epochs"] == 1
+    more = train("fashion-mnist-quick", out, {**TINY, "schedule.epochs": 3, "optim.lr": 1e-4}, resume=True)
+    assert more["epochs"] == 3 and more["lr"] == pytest.approx(1e-4)
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 4  # header + 3 epochs, the first one kept from the finished run
