@@ -22,9 +22,9 @@ TINY = {
 
 
 def test_a_second_run_on_a_held_folder_fails_naming_the_holder(tmp_path):
-    with RunLock(tmp_path / "run"):  # another run holds the folder
-        with pytest.raises(OutputError, match=r"in use by another run \(pid"):
-            train("fashion-mnist-quick", tmp_path / "run", TINY)
+    held = RunLock(tmp_path / "run")  # another run holds the folder
+    with held, pytest.raises(OutputError, match=r"in use by another run \(pid"):
+        train("fashion-mnist-quick", tmp_path / "run", TINY)
     assert not (tmp_path / "run" / "last.pth").exists()
     train("fashion-mnist-quick", tmp_path / "run", TINY)  # released: the folder is free again
 
