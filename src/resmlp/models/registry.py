@@ -51,6 +51,16 @@ _MIXER = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=0.875)
 def _hub(timm_name: str) -> str:
     return f"timm/{timm_name}"
 
+def _google_mixer(size: str, ft_hash: str, in21k_hash: str) -> dict[str, PublishedWeights]:
+    """Google's Mixer weights as timm republished them: ImageNet-21k pre-trained, and fine-tuned on 1k."""
+    return {
+        "goog_in21k_ft_in1k": PublishedWeights(_JX + f"jx_mixer_{size}_224-{ft_hash}.pth", **_MIXER,
+                                               hf_hub_id=_hub(f"mixer_{size}_224.goog_in21k_ft_in1k")),
+        "goog_in21k": PublishedWeights(_JX + f"jx_mixer_{size}_224_in21k-{in21k_hash}.pth", num_classes=21843,
+                                       **_MIXER, hf_hub_id=_hub(f"mixer_{size}_224.goog_in21k")),
+    }
+
+
 # preset -> tag -> weights; the first tag is the default. Sources: the DeiT repository's ResMLP model
 # zoo and timm's pretrained configs. The published "ResMLP-B24" weights are the 8x8-patch model.
 PUBLISHED: dict[str, dict[str, PublishedWeights]] = {
@@ -83,24 +93,8 @@ PUBLISHED: dict[str, dict[str, PublishedWeights]] = {
             _FB + "resmlpB_24_22k.pth", hf_hub_id=_hub("resmlp_big_24_224.fb_in22k_ft_in1k")
         ),
     },
-    "mixer_b16": {
-        "goog_in21k_ft_in1k": PublishedWeights(
-            _JX + "jx_mixer_b16_224-76587d61.pth", **_MIXER, hf_hub_id=_hub("mixer_b16_224.goog_in21k_ft_in1k")
-        ),
-        "goog_in21k": PublishedWeights(
-            _JX + "jx_mixer_b16_224_in21k-617b3de2.pth", num_classes=21843, **_MIXER,
-            hf_hub_id=_hub("mixer_b16_224.goog_in21k"),
-        ),
-    },
-    "mixer_l16": {
-        "goog_in21k_ft_in1k": PublishedWeights(
-            _JX + "jx_mixer_l16_224-92f9adc4.pth", **_MIXER, hf_hub_id=_hub("mixer_l16_224.goog_in21k_ft_in1k")
-        ),
-        "goog_in21k": PublishedWeights(
-            _JX + "jx_mixer_l16_224_in21k-846aa33c.pth", num_classes=21843, **_MIXER,
-            hf_hub_id=_hub("mixer_l16_224.goog_in21k"),
-        ),
-    },
+    "mixer_b16": _google_mixer("b16", "76587d61", "617b3de2"),
+    "mixer_l16": _google_mixer("l16", "92f9adc4", "846aa33c"),
 }
 
 
