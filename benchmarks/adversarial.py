@@ -38,7 +38,7 @@ from resmlp.errors import ResmlpError
 from resmlp.fileio import RunLock, atomic_write
 from resmlp.preprocess import Preprocess
 from resmlp.seq2seq.decoding import beam_search
-from resmlp.seq2seq.model import build_model, model_config
+from resmlp.seq2seq.model import build_translation_model, translation_model_config
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TINY = dict(img_size=16, patch_size=8, dim=8, depth=2, num_classes=3)
@@ -243,7 +243,7 @@ def _(d: Path):
 
 @case("beam search with beam 100000")
 def _(d: Path):
-    model = build_model(model_config("tiny", 19)).eval()
+    model = build_translation_model(translation_model_config("tiny", 19)).eval()
     return refused(lambda: beam_search(model, torch.randint(3, 19, (1, 4)), beam=100_000))
 
 

@@ -19,11 +19,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from resmlp.seq2seq.model import build_model, model_config
+from resmlp.seq2seq.model import build_translation_model, translation_model_config
 
 
 def params(arch: str, vocab: int, **kw) -> int:
-    return sum(p.numel() for p in build_model(model_config("small", vocab, arch=arch, **kw)).parameters())
+    model = build_translation_model(translation_model_config("small", vocab, arch=arch, **kw))
+    return sum(p.numel() for p in model.parameters())
 
 
 def matched_hidden(dim: int, hidden: int, layers: int, max_len: int, vocab: int) -> int:

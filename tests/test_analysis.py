@@ -181,3 +181,20 @@ def test_analyze_cli_on_a_mixer(tmp_path):
     plt.close(fig)
     layers = json.loads((out / "sparsity.json").read_text())["layers"]
     assert set(layers[0]) == {"layer", "token_fc1", "token_fc2", "channel_fc1", "channel_fc2"}
+
+
+def test_analyze_cli_takes_a_run_folder_and_refuses_a_timm_model_in_one_line(tmp_path, capsys):
+    import timm
+
+    run = tmp_path / "run"
+    resmlp.save(resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, dim=16, depth=2, num_classes=3),
+                run / "best.safetensors")
+    assert main(["analyze", str(run), "--out", str(tmp_path / "report"), "--threads", "1"]) == 0
+    captured = capsys.readouterr()
+    assert (tmp_path / "report" / "index.html").is_file()
+    assert "5/5" in captured.err and "figure" in captured.err  # the progress bar on stderr
+    path = resmlp.save(timm.create_model("test_resnet", num_classes=3), tmp_path / "resnet.safetensors")
+    assert main(["analyze", str(path), "--out", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ResMLP and MLP-Mixer checkpoints only" in err
+    assert not (tmp_path / "other").exists()

@@ -9,48 +9,57 @@ import torch
 
 import resmlp
 from resmlp.analysis import benchmark
-from resmlp.analysis.benchmark import ModelSpec
 from resmlp.cli import main
 from resmlp.complexity import count_params
 from resmlp.data import build_dataset
 from resmlp.preprocess import Preprocess
 
-TINY_OURS = "resmlp_s12:dim=32,depth=2,img_size=32,patch_size=8,num_classes=10"
-TINY_TIMM = "test_resnet:num_classes=10,img_size=64"  # a convnet: img_size only sets the input
+TINY_OURS = "resmlp_s12[dim=32,depth=2,img_size=32,patch_size=8,num_classes=10]"
+TINY_TIMM = "timm:test_resnet[num_classes=10,img_size=64]"  # a convnet: img_size only sets the input
 
 
-def test_model_specs_group_overrides_with_the_model_before_them():
-    specs = benchmark.parse_models(f"{TINY_OURS},resnet50, mixer_s16:act=relu,drop_rate=0.1,layerscale=false")
-    assert [s.name for s in specs] == ["resmlp_s12", "resnet50", "mixer_s16"]
+def test_models_are_named_in_the_one_grammar_with_bracketed_overrides():
+    specs = benchmark.parse_models(f"{TINY_OURS},timm:resnet50, mixer_s16[act=relu,drop_rate=0.1,layerscale=false],"
+                                   "resmlp_s12[cross_patch=none,init_values=null],runs/x/best.safetensors")
+    assert [s.name for s in specs] == ["resmlp_s12", "timm:resnet50", "mixer_s16", "resmlp_s12",
+                                       "runs/x/best.safetensors"]
+    assert [s.model.kind for s in specs] == ["preset", "timm", "preset", "preset", "file"]
     assert specs[0].overrides == dict(dim=32, depth=2, img_size=32, patch_size=8, num_classes=10)
     assert specs[0].label == TINY_OURS
-    assert specs[1].overrides == {} and specs[1].label == "resnet50"
-    assert specs[2].overrides == dict(act="relu", drop_rate=0.1, layerscale=False)
-    assert benchmark.parse_value("null") is None and benchmark.parse_value("none") == "none"  # cross_patch=none
-    with pytest.raises(ValueError, match="before any model"):
-        benchmark.parse_models("dim=3,resmlp_s12")
+    assert specs[1].overrides == {} and specs[1].label == "timm:resnet50"
+    assert specs[2].overrides == dict(act="relu", drop_rate=0.1, layerscale=False)  # YAML values, as --set
+    assert specs[3].overrides == dict(cross_patch="none", init_values=None)
+    assert benchmark.split_top_level("a[x=[1,2],y=3], b,,c", "models") == ["a[x=[1,2],y=3]", "b", "c"]
+    with pytest.raises(ValueError, match="write timm:resnet50"):
+        benchmark.parse_models("resmlp_s12,resnet50")
     with pytest.raises(ValueError, match="key=value"):
-        benchmark.parse_models("resmlp_s12:dim")
+        benchmark.parse_models("resmlp_s12[dim]")
+    with pytest.raises(ValueError, match="never closed"):
+        benchmark.parse_models("resmlp_s12[dim=3,timm:resnet50")
+    with pytest.raises(ValueError, match="in brackets at the end"):
+        benchmark.parse_models("resmlp_s12[dim=3]x")
+    with pytest.raises(ValueError, match="no models"):
+        benchmark.parse_models(" , ")
 
 
 def test_specs_build_presets_timm_models_and_checkpoint_files(tmp_path):
-    model, shape = benchmark.build_model(benchmark.parse_models(TINY_OURS)[0])
+    model, shape = benchmark.build_model(benchmark.parse_spec(TINY_OURS))
     assert shape == (3, 32, 32) and model.config.dim == 32 and not model.training
-    model, shape = benchmark.build_model(ModelSpec("test_resnet"), img_size=48)  # convnets: any size
+    model, shape = benchmark.build_model(benchmark.parse_spec("timm:test_resnet"), img_size=48)  # any size
     assert shape == (3, 48, 48) and not isinstance(model, resmlp.ResMLP)
     path = resmlp.save(
         resmlp.create_model("resmlp_s12", dim=16, depth=1, img_size=16, patch_size=4),
         tmp_path / "m.safetensors",
     )
-    model, shape = benchmark.build_model(ModelSpec(str(path)))
+    model, shape = benchmark.build_model(benchmark.parse_spec(str(path)))
     assert shape == (3, 16, 16) and model.config.dim == 16
     with pytest.raises(ValueError, match="did you mean resmlp_s12"):
-        benchmark.build_model(ModelSpec("resmlp_s121"))
+        benchmark.parse_spec("resmlp_s121")
 
 
 def test_cpu_peak_memory_grows_with_the_activations():
     # fc1 activations are batch x 64 patches x 256 x 4 bytes: 4 MiB each at batch 64, 0.25 MiB at batch 4
-    spec = benchmark.parse_models("resmlp_s12:dim=64,depth=1,img_size=64,patch_size=8")[0]
+    spec = benchmark.parse_spec("resmlp_s12[dim=64,depth=1,img_size=64,patch_size=8]")
     small = benchmark.cpu_peak_memory_mb(spec, 4, None)
     large = benchmark.cpu_peak_memory_mb(spec, 64, None)
     assert 0 <= small < large and large - small > 4
@@ -73,7 +82,7 @@ def test_throughput_is_the_median_over_rounds_of_images_per_second():
     assert speeds["a"] > 0
 
 
-def test_benchmark_command_writes_the_table_as_csv(tmp_path, capsys):
+def test_benchmark_command_writes_the_table_as_csv_with_the_host(tmp_path, capsys):
     out = tmp_path / "table.csv"
     plot = tmp_path / "tradeoff.png"
     code = main(
@@ -102,8 +111,11 @@ def test_benchmark_command_writes_the_table_as_csv(tmp_path, capsys):
         ]
     )
     assert code == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "im/s @4" in printed and "test_resnet" in printed
+    assert "host: " in printed and "CPU capability" in printed  # the host line under the table
+    assert "round 2/2" in captured.err and "/step" in captured.err or "step/s" in captured.err  # bar, rate
     with open(out) as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == benchmark.CSV_COLUMNS
@@ -112,7 +124,8 @@ def test_benchmark_command_writes_the_table_as_csv(tmp_path, capsys):
     for r in rows:
         assert float(r["throughput_img_s"]) > 0 and float(r["throughput_b1_img_s"]) > 0
         assert float(r["gmacs"]) > 0 and float(r["peak_memory_mb"]) >= 0 and r["batch_size"] == "4"
-        assert r["threads"] == "1"
+        assert r["threads"] == "1" and r["precision"] == "fp32" and r["torch"] == torch.__version__
+        assert r["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and r["cpu"]
     expected_params = count_params(
         resmlp.create_model("resmlp_s12", dim=32, depth=2, img_size=32, patch_size=8, num_classes=10)
     )
@@ -123,7 +136,9 @@ def test_benchmark_command_writes_the_table_as_csv(tmp_path, capsys):
 
 def test_benchmark_command_rejects_bad_requests(capsys):
     assert main(["benchmark", "--models", "no_such_model_xyz", "--repeats", "1"]) == 2
-    assert "neither a resmlp preset" in capsys.readouterr().err
+    assert "unknown model 'no_such_model_xyz'" in capsys.readouterr().err
+    assert main(["benchmark", "--models", "resnet50", "--repeats", "1"]) == 2
+    assert "write timm:resnet50" in capsys.readouterr().err
     assert main(["benchmark", "--models", TINY_OURS, "--plot", "x.png"]) == 2
     assert "--accuracy" in capsys.readouterr().err
     assert main(["benchmark", "--models", TINY_OURS, "--accuracy", "resnet50=80"]) == 2
@@ -142,7 +157,7 @@ def test_val_data_measures_the_top1_of_checkpoint_files(tmp_path, capsys):
         expected = 100.0 * (model.eval()(images).argmax(1) == torch.tensor(val.targets)).float().mean().item()
     out = tmp_path / "table.csv"
     code = main(["benchmark", "--models", f"{path},{TINY_TIMM}", "--val-data", "synthetic", "--accuracy",
-                 "test_resnet=12.5", "--batch-size", "2", "--repeats", "1", "--warmup", "1", "--min-time", "0.01",
+                 "timm:test_resnet=12.5", "--batch-size", "2", "--repeats", "1", "--warmup", "1", "--min-time", "0.01",
                  "--threads", "1", "--output", str(out)])
     assert code == 0, capsys.readouterr().err
     with open(out) as f:

@@ -50,3 +50,18 @@ def test_export_cli_from_a_checkpoint(model, tmp_path, capsys):
     assert out.is_file() and "batch size dynamic" in capsys.readouterr().out
     assert not list(out.parent.glob(".*tmp*"))  # atomic write left no temporary file
     assert main(["export", str(tmp_path / "missing.safetensors"), "--output", str(out)]) == 2
+
+
+def test_export_cli_takes_a_run_folder_and_refuses_a_timm_model_in_one_line(model, tmp_path, capsys):
+    import timm
+
+    resmlp.save(model, tmp_path / "run" / "best.safetensors")
+    out = tmp_path / "m.pt"
+    assert main(["export", str(tmp_path / "run"), "--format", "torchscript", "--output", str(out)]) == 0
+    assert out.stat().st_size > 0
+    path = resmlp.save(timm.create_model("test_resnet", num_classes=3), tmp_path / "resnet.safetensors")
+    capsys.readouterr()
+    assert main(["export", str(path), "--output", str(tmp_path / "r.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ResMLP and" in err and "Mixer checkpoints only" in err
+    assert not (tmp_path / "r.onnx").exists()

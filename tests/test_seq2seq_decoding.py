@@ -11,7 +11,7 @@ import torch
 
 from resmlp.errors import ConfigError
 from resmlp.seq2seq.decoding import MAX_BEAM, beam_search, greedy
-from resmlp.seq2seq.model import Memory, build_model, model_config
+from resmlp.seq2seq.model import Memory, build_translation_model, translation_model_config
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
 
@@ -96,7 +96,7 @@ def test_beam_keeps_searching_while_a_live_beam_can_beat_the_ended_ones(lenpen):
 
 def random_model(arch: str):
     torch.manual_seed(6)  # outputs of several lengths: some end with EOS, some run to max_len
-    model = build_model(model_config("tiny", 19, arch=arch, dropout=0.0))
+    model = build_translation_model(translation_model_config("tiny", 19, arch=arch, dropout=0.0))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from resmlp.seq2seq.model import Seq2SeqConfig, build_model, model_config
+from resmlp.seq2seq.model import Seq2SeqConfig, build_translation_model, translation_model_config
 
 VOCAB = 23
 
@@ -16,7 +16,7 @@ def random_model(arch: str, **kw) -> torch.nn.Module:
     """Tiny model with every parameter randomised (Affine betas, LayerScales, biases non-trivial), so a
     leak through padding or from the future would show up."""
     torch.manual_seed(0)
-    model = build_model(model_config("tiny", VOCAB, arch=arch, dropout=0.0, **kw))
+    model = build_translation_model(translation_model_config("tiny", VOCAB, arch=arch, dropout=0.0, **kw))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -120,16 +120,16 @@ def test_sinusoidal_positions_tell_identical_tokens_apart():
         assert ((encoded[0] - encoded[3]).abs().amax() > 1e-3) == distinct
         assert ((logits[0] - logits[3]).abs().amax() > 1e-3) == distinct
     with pytest.raises(ValueError, match="unknown positions"):
-        model_config("tiny", VOCAB, positions="learned")
+        translation_model_config("tiny", VOCAB, positions="learned")
 
 
 def test_config_round_trip_and_validation():
-    cfg = model_config("tiny", VOCAB, arch="transformer")
+    cfg = translation_model_config("tiny", VOCAB, arch="transformer")
     assert Seq2SeqConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="arch"):
         Seq2SeqConfig(vocab_size=10, arch="rnn")
     with pytest.raises(ValueError, match="preset"):
-        model_config("huge", VOCAB)
+        translation_model_config("huge", VOCAB)
 
 
 def test_resmlp_initial_logits_do_not_favour_repeating_the_input_token():
@@ -137,7 +137,7 @@ def test_resmlp_initial_logits_do_not_favour_repeating_the_input_token():
     decoder's own input token starts near sqrt(dim), so the first loss is ~sqrt(dim) instead of ~ln(vocab)."""
     torch.manual_seed(0)
     vocab = 400
-    model = build_model(model_config("tiny", vocab, arch="resmlp", dim=128, dropout=0.0)).eval()
+    model = build_translation_model(translation_model_config("tiny", vocab, arch="resmlp", dim=128, dropout=0.0)).eval()
     src, tgt = torch.randint(3, vocab, (8, 12)), torch.randint(3, vocab, (8, 13))
     with torch.no_grad():
         logits = model(src, tgt[:, :-1])

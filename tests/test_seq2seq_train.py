@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from num2words import num2words
 
 from resmlp.cli import main
-from resmlp.seq2seq.train import load_trained, scores
+from resmlp.runtime import DistInfo
+from resmlp.seq2seq import train as seq2seq_train
+from resmlp.seq2seq.train import TranslationConfig, load_trained, scores, train_translation
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +104,60 @@ def test_torchrun_ddp_two_gloo_processes(corpus, tmp_path):
     assert summary["steps"] == 6 and "exact_match" in summary
     rows = [r for r in csv.DictReader((out / "log.csv").read_text().splitlines()) if r["valid_loss"]]
     assert [int(r["step"]) for r in rows] == [3, 6]  # rank 0 alone writes the log
+
+
+def _tiny_config(corpus, out, **kw) -> TranslationConfig:
+    return TranslationConfig(output=str(out), data=str(corpus), src_suffix="en", tgt_suffix="fr", preset="tiny",
+                             model_overrides={"max_len": 24}, vocab_size=150, max_tokens=512, optimizer="adam",
+                             lr=3e-3, warmup_steps=2, max_steps=2, eval_every=2, beam=1, progress=False, **kw)
+
+
+def _record_devices(monkeypatch, info: DistInfo | None = None) -> list[set[torch.device]]:
+    """Every forward of the trained model records the devices of its parameters and inputs; with `info`,
+    the run's DistInfo is that one."""
+    seen: list[set[torch.device]] = []
+    build = seq2seq_train.build_translation_model
+
+    def build_and_watch(cfg):
+        model = build(cfg)
+
+        def hook(module, inputs):
+            seen.append({p.device for p in module.parameters()} | {x.device for x in inputs})
+
+        model.register_forward_pre_hook(hook)
+        return model
+
+    monkeypatch.setattr(seq2seq_train, "build_translation_model", build_and_watch)
+    if info is not None:
+        monkeypatch.setattr(seq2seq_train, "init_distributed", lambda device_name: info)
+    return seen
+
+
+def test_trainer_puts_model_and_batches_on_the_device_of_its_dist_info(corpus, tmp_path, monkeypatch):
+    info = DistInfo(world_size=1, rank=0, local_rank=0, device=torch.device("cpu"))
+    seen = _record_devices(monkeypatch, info)
+    summary = train_translation(_tiny_config(corpus, tmp_path / "run"))
+    assert summary["steps"] == 2 and summary["device"] == "cpu"
+    assert len(seen) >= 3  # two training steps and the validation batches
+    assert all(devices == {info.device} for devices in seen)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_training_runs_on_the_gpu(corpus, tmp_path, monkeypatch, precision):
+    seen = _record_devices(monkeypatch)
+    summary = train_translation(_tiny_config(corpus, tmp_path / "run", device="auto", precision=precision))
+    gpu = torch.device("cuda", torch.cuda.current_device())
+    assert summary["steps"] == 2 and summary["device"] == str(gpu)
+    assert seen and all(devices == {gpu} for devices in seen)
+    model, _, _ = load_trained(tmp_path / "run", device=gpu)
+    assert {p.device for p in model.parameters()} == {gpu}
+
+
+@pytest.mark.parametrize("action", ["decode", "eval"])
+def test_a_beam_outside_1_to_64_is_one_line_and_exit_2(trained, capsys, action):
+    out, _ = trained
+    for beam in ("0", "65"):
+        assert main(["translate", action, str(out), "--beam", beam]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "from 1 to 64" in err

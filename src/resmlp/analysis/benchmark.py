@@ -1,9 +1,9 @@
 """The paper's Table 1 on the machine at hand: parameters, GMACs, throughput, peak memory, optional top-1.
 
-Model specs are `NAME[:key=value,...]`: NAME is one of this project's presets, any timm model name
-(random weights, nothing is downloaded) or a checkpoint file; the overrides are constructor arguments
-(ResMLPConfig fields for our presets). In a comma-separated list, a `key=value` item belongs to the model
-before it, so `resmlp_s12:dim=64,depth=2,resnet18` is two models.
+Models are named in the project's one grammar (`resmlp.build`): `preset | timm:NAME | torchvision:NAME |
+path/to/checkpoint` (random weights for timm and torchvision, nothing is downloaded), each optionally
+followed by constructor overrides in brackets, values read as YAML like `--set`'s:
+`resmlp_s12[dim=64,depth=2],timm:resnet50,runs/x/best.safetensors`. Every row records the host.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import ctypes
-import difflib
 import gc
 import math
 import multiprocessing
@@ -27,10 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from resmlp.build import ModelName, parse_model_name
 from resmlp.complexity import count_gmacs, count_params
 from resmlp.fileio import atomic_write
+from resmlp.hostinfo import host_info
 
-CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+PRECISION = "fp32"  # the benchmark measures fp32 forward passes
+HOST_COLUMNS = ("cpu", "cpu_capability", "native_bf16", "gpu", "torch", "timm", "precision")
 CSV_COLUMNS = (
     "model",
     "img_size",
@@ -44,82 +46,89 @@ CSV_COLUMNS = (
     "top1",
     "device",
     "threads",
+    *HOST_COLUMNS,
 )
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model to benchmark: a preset, timm name or checkpoint file, and its constructor overrides."""
+    """One model to benchmark: its name in the model grammar and its constructor overrides."""
 
-    name: str
+    model: ModelName
     overrides: dict[str, Any] = field(default_factory=dict)
     text: str = ""  # as written on the command line
+
+    @property
+    def name(self) -> str:
+        """The model as named without overrides: `resmlp_s12`, `timm:resnet50`, a file path."""
+        return str(self.model)
 
     @property
     def label(self) -> str:
         return self.text or self.name
 
+    @property
+    def is_file(self) -> bool:
+        return self.model.kind == "file"
 
-def parse_value(text: str) -> Any:
-    """'64' -> 64, '0.5' -> 0.5, 'true'/'false' -> bool, 'null' -> None, anything else stays a string.
 
-    'none' stays a string: it is a value of cross_patch and norm.
-    """
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered == "null":
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text.strip()
+def split_top_level(text: str, what: str) -> list[str]:
+    """Split at commas outside brackets: 'a[x=1,y=2],b' -> ['a[x=1,y=2]', 'b'] (stripped, empty items
+    dropped); unbalanced brackets are an error naming `what`."""
+    items, depth, current = [], 0, []
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0:
+            raise ValueError(f"{what} {text!r}: a ']' closes no '['")
+        if char == "," and depth == 0:
+            items.append("".join(current).strip())
+            current = []
+        else:
+            current.append(char)
+    if depth:
+        raise ValueError(f"{what} {text!r}: a '[' is never closed")
+    items.append("".join(current).strip())
+    return [item for item in items if item]
+
+
+def parse_spec(text: str) -> ModelSpec:
+    """'resmlp_s12[dim=64,depth=2]' -> ModelSpec(preset resmlp_s12, {dim: 64, depth: 2})."""
+    from resmlp.train.config import parse_overrides
+
+    text = text.strip()
+    name, bracket, rest = text.partition("[")
+    if bracket and not rest.endswith("]"):
+        raise ValueError(f"model {text!r}: overrides go in brackets at the end, e.g. resmlp_s12[dim=64,depth=2]")
+    pairs = split_top_level(rest[:-1], f"overrides of {name}") if bracket else []
+    for pair in pairs:
+        key, sep, _ = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"bad override {pair!r} for {name}; expected key=value, e.g. {name}[dim=64]")
+    return ModelSpec(parse_model_name(name), parse_overrides(pairs), text)
 
 
 def parse_models(text: str) -> list[ModelSpec]:
-    """Split `a:k=v,k2=v2,b` into specs; a `key=value` item extends the overrides of the model before it."""
-    groups: list[list[str]] = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        if "=" in item and ":" not in item.split("=", 1)[0]:
-            if not groups:
-                raise ValueError(f"override {item!r} comes before any model name; write NAME:key=value,...")
-            groups[-1].append(item)
-        else:
-            groups.append(item.split(":", 1) if ":" in item else [item])
-    specs = []
-    for name, *pairs in groups:
-        overrides = {}
-        for pair in pairs:
-            key, sep, value = pair.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"bad override {pair!r} for {name}; expected key=value, e.g. dim=64")
-            overrides[key.strip()] = parse_value(value)
-        text = name if not pairs else f"{name}:{','.join(pairs)}"
-        specs.append(ModelSpec(name.strip(), overrides, text))
+    """A comma-separated list of models in the model grammar, each with optional [key=value,...] overrides."""
+    specs = [parse_spec(item) for item in split_top_level(text, "--models")]
     if not specs:
-        raise ValueError("no models given; e.g. --models resmlp_s12,resnet50")
+        raise ValueError("no models given; e.g. --models resmlp_s12,timm:resnet50")
     return specs
 
 
 def build_model(spec: ModelSpec, img_size: int | None = None) -> tuple[nn.Module, tuple[int, int, int]]:
-    """The model (eval mode) and its (channels, height, width) input, from a preset, timm name or file."""
-    from resmlp.models.registry import PRESETS, create_model
+    """The model (eval mode) and its (channels, height, width) input, made by `resmlp.build.build_model`."""
+    from resmlp.build import build_model as build_named_model
 
     overrides = dict(spec.overrides)
     if img_size is not None:
         overrides["img_size"] = img_size
-    if spec.name.endswith(CHECKPOINT_SUFFIXES):
-        from resmlp.checkpoint import load
-
-        model = load(spec.name, **overrides)
-    elif spec.name in PRESETS:
-        model = create_model(spec.name, **overrides)
-    else:
-        model = _timm_model(spec.name, overrides)
+    try:
+        model = build_named_model(spec.model, **overrides)
+    except TypeError:
+        if spec.model.kind != "timm" or "img_size" not in overrides:
+            raise
+        # timm convnets take no img_size argument because they accept any input size: feed it the size instead
+        model = build_named_model(spec.model, **{k: v for k, v in overrides.items() if k != "img_size"})
     model.eval()
     if hasattr(model, "config"):  # ours
         return model, (model.config.in_chans, model.config.img_size, model.config.img_size)
@@ -128,25 +137,6 @@ def build_model(spec: ModelSpec, img_size: int | None = None) -> tuple[nn.Module
     chans, height, width = resolve_model_data_config(model)["input_size"]
     size = overrides.get("img_size")
     return model, (chans, size or height, size or width)
-
-
-def _timm_model(name: str, overrides: dict[str, Any]) -> nn.Module:
-    import timm
-
-    if not timm.is_model(name):
-        close = difflib.get_close_matches(name, timm.list_models(), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(
-            f"{name!r} is neither a resmlp preset (resmlp models), a timm model nor a checkpoint file{hint}"
-        )
-    try:
-        return timm.create_model(name, pretrained=False, **overrides)
-    except TypeError:
-        if "img_size" not in overrides:
-            raise
-        # convnets take no img_size argument because they accept any input size: feed it the size instead
-        rest = {k: v for k, v in overrides.items() if k != "img_size"}
-        return timm.create_model(name, pretrained=False, **rest)
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -231,16 +221,20 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_throughput(
-    models: dict[str, tuple[nn.Module, torch.Tensor]], repeats: int, warmup: int, min_time: float
+    models: dict[str, tuple[nn.Module, torch.Tensor]], repeats: int, warmup: int, min_time: float,
+    bar: Any = None,
 ) -> dict[str, float]:
     """Median images/s per model, measured in interleaved rounds so machine load hits all models alike.
 
     Every round times each model once (order rotated per round); a timing runs enough forward passes to
-    last about `min_time` seconds, as estimated from the last warm-up pass.
+    last about `min_time` seconds, as estimated from the last warm-up pass. `bar` (a tqdm bar) advances by
+    one after each model's warm-up and each timing, outside the timed region.
     """
     iters: dict[str, int] = {}
+    batch = len(next(iter(models.values()))[1]) if models else 0
     with torch.inference_mode():
         for label, (model, x) in models.items():
+            _tell(bar, f"warm-up @{batch} {label}")
             elapsed = 0.0
             for _ in range(max(1, warmup)):
                 start = time.perf_counter()
@@ -248,9 +242,11 @@ def measure_throughput(
                 _sync(x.device)
                 elapsed = time.perf_counter() - start
             iters[label] = max(1, math.ceil(min_time / max(elapsed, 1e-6)))
+            _advance(bar)
         samples: dict[str, list[float]] = {label: [] for label in models}
         labels = list(models)
         for round_ in range(repeats):
+            _tell(bar, f"@{batch} round {round_ + 1}/{repeats}")
             shift = round_ % len(labels)
             for label in labels[shift:] + labels[:shift]:
                 model, x = models[label]
@@ -259,7 +255,18 @@ def measure_throughput(
                     model(x)
                 _sync(x.device)
                 samples[label].append(iters[label] * len(x) / (time.perf_counter() - start))
+                _advance(bar)
     return {label: statistics.median(values) for label, values in samples.items()}
+
+
+def _tell(bar: Any, text: str) -> None:
+    if bar is not None:
+        bar.set_description_str(text, refresh=False)
+
+
+def _advance(bar: Any) -> None:
+    if bar is not None:
+        bar.update()
 
 
 # ------------------------------------------------------------------------------------------ table
@@ -272,8 +279,12 @@ def run_benchmark(
     device: str = "cpu",
     img_size: int | None = None,
     accuracies: dict[str, float] | None = None,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """One row per model with the CSV_COLUMNS, all models measured in the same run."""
+    """One row per model with the CSV_COLUMNS (the host's facts included), all models measured in the same
+    run. progress: a tqdm bar on stderr over every model's memory, build and each timed round."""
+    from tqdm.auto import tqdm
+
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu")
@@ -281,54 +292,62 @@ def run_benchmark(
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"a model is listed twice in {labels}; give each once")
-    # CPU memory first: the measuring processes are forked before this process has run any forward pass
-    memory = {}
-    if dev.type == "cpu":
-        memory = {
-            label: cpu_peak_memory_mb(s, batch_size, img_size) for label, s in zip(labels, specs, strict=True)
-        }
-    rows, batched, single = [], {}, {}
-    for label, spec in zip(labels, specs, strict=True):
-        model, shape = build_model(spec, img_size)
-        params = count_params(model)
-        gmacs = count_gmacs(model, shape)
-        model.to(dev)
-        batched[label] = (model, torch.randn(batch_size, *shape, device=dev))
-        single[label] = (model, torch.randn(1, *shape, device=dev))
-        if dev.type == "cuda":
-            memory[label] = cuda_peak_memory_mb(model, batched[label][1])
-        rows.append(
-            dict(
-                model=label,
-                img_size=shape[-1],
-                params_m=round(params / 1e6, 2),
-                gmacs=float(f"{gmacs:.4g}"),
-                batch_size=batch_size,
-                peak_memory_mb=round(memory[label], 1),
-                weights_mb=round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1),
-                top1=accuracies.get(label),
-                device=str(dev),
-                threads=torch.get_num_threads(),
+    # per model: memory (CPU: its own process), build, then at batch N and 1 a warm-up and `repeats` timings
+    steps = len(specs) * ((dev.type == "cpu") + 1 + 2 * (1 + repeats))
+    with tqdm(total=steps, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not progress) as bar:
+        # CPU memory first: the measuring processes are forked before this process has run any forward pass
+        memory = {}
+        if dev.type == "cpu":
+            for label, spec in zip(labels, specs, strict=True):
+                _tell(bar, f"memory {label}")
+                memory[label] = cpu_peak_memory_mb(spec, batch_size, img_size)
+                _advance(bar)
+        rows, batched, single = [], {}, {}
+        for label, spec in zip(labels, specs, strict=True):
+            _tell(bar, f"build {label}")
+            model, shape = build_model(spec, img_size)
+            params = count_params(model)
+            gmacs = count_gmacs(model, shape)
+            model.to(dev)
+            batched[label] = (model, torch.randn(batch_size, *shape, device=dev))
+            single[label] = (model, torch.randn(1, *shape, device=dev))
+            if dev.type == "cuda":
+                memory[label] = cuda_peak_memory_mb(model, batched[label][1])
+            rows.append(
+                dict(
+                    model=label,
+                    img_size=shape[-1],
+                    params_m=round(params / 1e6, 2),
+                    gmacs=float(f"{gmacs:.4g}"),
+                    batch_size=batch_size,
+                    peak_memory_mb=round(memory[label], 1),
+                    weights_mb=round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1),
+                    top1=accuracies.get(label),
+                    device=str(dev),
+                )
             )
-        )
-    speed = measure_throughput(batched, repeats, warmup, min_time)
-    speed_1 = measure_throughput(single, repeats, warmup, min_time)
+            _advance(bar)
+        speed = measure_throughput(batched, repeats, warmup, min_time, bar)
+        speed_1 = measure_throughput(single, repeats, warmup, min_time, bar)
+    host = host_info(PRECISION)
     for row in rows:
         row["throughput_img_s"] = round(speed[row["model"]], 1)
         row["throughput_b1_img_s"] = round(speed_1[row["model"]], 1)
+        row.update(host)
     return [{k: row[k] for k in CSV_COLUMNS} for row in rows]
 
 
 def measure_accuracies(specs: list[ModelSpec], data: str, data_dir: str | None, device: str) -> dict[str, float]:
-    """Test top-1 of every checkpoint-file model on `data` (resmlp.train.evaluate, with its preprocessing)."""
+    """Test top-1 of every checkpoint-file model on `data` (resmlp.evaluation.evaluate, with its preprocessing)."""
     from resmlp.evaluation import evaluate
 
-    files = [s for s in specs if s.name.endswith(CHECKPOINT_SUFFIXES)]
+    files = [s for s in specs if s.is_file]
     if not files:
         raise ValueError("--val-data measures the top-1 of checkpoint files, and --models names none; list a "
                          ".safetensors/.pth file, or give known accuracies with --accuracy")
-    return {s.label: evaluate(s.name, data=data, data_dir=data_dir, device=device, plot=False)["test_top1"]
-            for s in files}
+    # in fp32 as the table's speeds are (amp 'auto' would pick bf16 on this kind of CPU and move near-ties)
+    return {s.label: evaluate(s.name, data=data, data_dir=data_dir, device=device, amp="none",
+                              plot=False)["test_top1"] for s in files}
 
 
 def parse_accuracies(text: str) -> dict[str, float]:
@@ -385,7 +404,7 @@ def plot_tradeoff(rows: list[dict[str, Any]], path: str | Path) -> Path:
     for i, r in enumerate(sorted(points, key=lambda r: r["throughput_img_s"])):
         ax.scatter(r["throughput_img_s"], r["top1"], s=30)
         note = ax.annotate(
-            r["model"].split(":")[0],
+            r["model"].split("[")[0],
             (r["throughput_img_s"], r["top1"]),
             textcoords="offset points",
             xytext=(5, 4 if i % 2 == 0 else -11),  # alternate above/below: neighbours may coincide

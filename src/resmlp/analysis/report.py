@@ -6,6 +6,7 @@ import csv
 import html
 import io
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,14 +49,30 @@ def write_report(
     layers: list[int] | None = None,
     threshold: float = 0.05,
     source: str = "",
+    progress: bool = False,
 ) -> Report:
-    """Write every figure that applies to `model` into `out_dir`, with numbers and index.html."""
+    """Write every figure that applies to `model` into `out_dir`, with numbers and index.html.
+    progress: a tqdm bar on stderr, one step per figure and one for the numbers."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=5, unit="figure", file=sys.stderr, dynamic_ncols=True, disable=not progress)
+    with bar:
+        return _write_report(model, out_dir, layers, threshold, source, bar)
+
+
+def _write_report(model: ResMLP, out_dir: str | Path, layers: list[int] | None, threshold: float, source: str,
+                  bar) -> Report:
+    def step(next_up: str) -> None:  # one figure done; name the next on the bar
+        bar.update()
+        bar.set_description_str(next_up, refresh=False)
+
     cfg = model.config
     chosen = select_layers(layers, cfg.depth)
     report = Report(Path(out_dir))
     report.out_dir.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
 
+    bar.set_description_str("cross-patch matrices", refresh=False)
     matrices = filters.cross_patch_matrices(model)
     if matrices:
         side = min(6, cfg.grid_size)
@@ -82,6 +99,7 @@ def write_report(
             f"'{cfg.cross_patch}', which has no N x N matrix A (only 'linear' has one)."
         )
 
+    step("token-mixing units")
     token_fc1 = filters.token_mixing_fc1(model)
     if token_fc1:
         picked = {n: token_fc1[n] for n in chosen}
@@ -100,6 +118,7 @@ def write_report(
             f"model's is '{cfg.cross_patch}'."
         )
 
+    step("patch embedding")
     stem = filters.patch_embedding_units(model)
     _save_figure(
         report,
@@ -110,6 +129,7 @@ def write_report(
     )
     arrays["patch_embedding"] = stem
 
+    step("sparsity")
     rows = sparsity.layer_sparsity(model, threshold)
     _save_figure(
         report,
@@ -124,8 +144,10 @@ def write_report(
             f"Cross-patch sparsity: the '{cfg.cross_patch}' sublayer has no matrix over patches; only the "
             "channel MLP's matrices are measured."
         )
+    step("numbers and index.html")
     _write_numbers(report, model, rows, threshold, arrays, source)
     atomic_write(report.index, lambda tmp: tmp.write_text(_html(report, model, rows, threshold, source)))
+    bar.update()
     return report
 
 

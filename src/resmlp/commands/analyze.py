@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from resmlp.commands.common import add_output_argument
+from resmlp.commands.common import add_output_argument, add_threads_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write DIR/index.html with the cross-patch matrices (ResMLP), token-mixing units "
         "(Mixer), patch-embedding units and per-layer sparsity, plus the numbers as JSON/CSV/NPZ.",
     )
-    p.add_argument("checkpoint", help="a model file: ours (.safetensors), timm's or DeiT's (.pth)")
+    p.add_argument("checkpoint", help="a ResMLP or MLP-Mixer checkpoint: ours (.safetensors, or a run folder for its "
+                   "best.safetensors), timm's or DeiT's (.pth)")
     add_output_argument(p, required=True, help="output directory (created if missing)")
     p.add_argument(
         "--layers",
@@ -28,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.05,
         help="a weight counts as 'small' below this fraction of its matrix's max |w| (default 0.05)",
     )
+    add_threads_argument(p)
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(run=run)
 
 
@@ -42,11 +45,18 @@ def _layer_list(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from resmlp.analysis.report import write_report
     from resmlp.checkpoint import load
+    from resmlp.evaluation import resolve_checkpoint
+    from resmlp.models.resmlp import ResMLP
+    from resmlp.runtime import process_settings
 
-    model = load(args.checkpoint).eval()
-    report = write_report(
-        model, args.output, layers=args.layers, threshold=args.threshold, source=args.checkpoint
-    )
+    path = resolve_checkpoint(args.checkpoint)
+    model = load(path).eval()  # the weights only: no preprocessing needed
+    if not isinstance(model, ResMLP):
+        raise ValueError(f"{path} holds a {type(model).__name__} (a timm model): resmlp analyze draws the weights of "
+                         "ResMLP and MLP-Mixer checkpoints only")
+    with process_settings(args.threads):
+        report = write_report(model, args.output, layers=args.layers, threshold=args.threshold, source=str(path),
+                              progress=args.progress)
     for name in report.figures:
         print(f"wrote {report.out_dir / name}")
     for note in report.not_applicable:

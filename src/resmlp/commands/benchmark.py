@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from resmlp.commands.common import add_threads_argument
+
 # the benchmark's default models (kept here so that --help imports no torch)
-DEFAULT_MODELS = "resmlp_s12,resmlp_s24,mixer_s16,deit_small_patch16_224,resnet50,resmlp_12_224"
+DEFAULT_MODELS = "resmlp_s12,resmlp_s24,mixer_s16,timm:deit_small_patch16_224,timm:resnet50,resmlp_12_224"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,11 +15,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "benchmark",
         help="Table 1 for this machine: params, GMACs, throughput at batch N and 1, peak memory, top-1",
         description="Measure all models in one run (interleaved rounds after warm-up, median reported). "
-        "Models: our presets, timm model names (random weights) or checkpoint files, each with optional "
-        "overrides NAME:key=value,key=value (e.g. resmlp_s12:dim=64,depth=2,img_size=32,patch_size=8).",
+        "Models are named as everywhere in resmlp: a preset, timm:NAME, torchvision:NAME (random weights) or a "
+        "checkpoint file, each with optional constructor overrides in brackets, values read as YAML, e.g. "
+        "resmlp_s12[dim=64,depth=2,img_size=32,patch_size=8],timm:resnet50,runs/x/best.safetensors. The "
+        "table, its CSV and the plot record the host (CPU, capability, native bf16, GPU, threads, versions).",
     )
     p.add_argument(
-        "--models", default=DEFAULT_MODELS, help=f"comma-separated model specs (default: {DEFAULT_MODELS})"
+        "--models", default=DEFAULT_MODELS,
+        help=f"comma-separated models, NAME[key=value,...] (default: {DEFAULT_MODELS})",
     )
     p.add_argument(
         "--batch-size", type=_positive_int, default=32, help="batch for throughput and memory (default 32)"
@@ -37,12 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available, else cpu"
     )
-    p.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=None,
-        help="CPU threads for torch (default: the cores this process may use)",
-    )
+    add_threads_argument(p)
     p.add_argument(
         "--img-size",
         type=_positive_int,
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--accuracy",
         default=None,
-        help="known top-1 per model for the table and plot, e.g. resmlp_s12=76.6,resnet50=80.4",
+        help="known top-1 per model for the table and plot, e.g. resmlp_s12=76.6,timm:resnet50=80.4",
     )
     p.add_argument(
         "--val-data",
@@ -63,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--val-dir", default=None, help="folder of a --val-data kind (default: the kind's location)")
     p.add_argument("--output", default=None, help="write the table as CSV here")
     p.add_argument("--plot", default=None, help="write a throughput-vs-accuracy PNG here (needs --accuracy)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(run=run)
 
 
@@ -74,22 +75,21 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     from rich.console import Console
     from rich.table import Table
 
     from resmlp.analysis import benchmark
+    from resmlp.hostinfo import host_line
+    from resmlp.runtime import process_settings, resolve_device
 
     specs = benchmark.parse_models(args.models)
     accuracies = benchmark.parse_accuracies(args.accuracy) if args.accuracy else {}
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.val_data:
-        accuracies.update(benchmark.measure_accuracies(specs, args.val_data, args.val_dir, device))
-    if args.plot and not accuracies:
+    device = str(resolve_device(args.device or "auto"))
+    if args.plot and not (accuracies or args.val_data):
         raise ValueError("--plot draws throughput against accuracy: pass --accuracy MODEL=TOP1,... or --val-data")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads or threads)
-    try:
+    with process_settings(args.threads):  # run() may be called in-process (tests, notebooks): restored after
+        if args.val_data:
+            accuracies.update(benchmark.measure_accuracies(specs, args.val_data, args.val_dir, device))
         rows = benchmark.run_benchmark(
             specs,
             batch_size=args.batch_size,
@@ -99,16 +99,16 @@ def run(args: argparse.Namespace) -> int:
             device=device,
             img_size=args.img_size,
             accuracies=accuracies,
+            progress=args.progress,
         )
-    finally:
-        torch.set_num_threads(threads)  # run() may be called in-process (tests, notebooks)
+        host = host_line()
     memory_note = (
         "growth of torch.cuda.max_memory_allocated"
-        if device == "cuda"
+        if device.startswith("cuda")
         else "growth of peak RSS, each model in its own process"
     )
     table = Table(
-        title=f"Table 1 on this machine: {device}, {rows[0]['threads']} threads, fp32, "
+        title=f"Table 1 on this machine: {device}, {rows[0]['threads']} threads, {rows[0]['precision']}, "
         f"median of {args.repeats} interleaved rounds",
         caption=f"peak MB: memory one forward pass at batch {args.batch_size} adds to the loaded "
         f"model ({memory_note}); weights MB: parameter storage",
@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:  # piped to a file: don't squeeze the table into 80 columns
         console = Console(width=160)
     console.print(table)
+    print(host)
     if args.output:
         print(f"wrote {benchmark.write_csv(rows, args.output)}")
     if args.plot:

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from resmlp.commands.common import add_threads_argument
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("translate", help="machine translation with seq2seq ResMLP or a Transformer baseline")
@@ -39,10 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--eval-every", type=int, default=500, help="validation loss + checkpoint every N steps")
     t.add_argument("--label-smoothing", type=float, default=0.1)
     t.add_argument("--clip-norm", type=float, default=0.0, help="gradient norm clipping (0 = off)")
-    t.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="CPU autocast dtype")
+    t.add_argument("--precision", choices=("fp32", "bf16", "fp16", "auto"), default="fp32",
+                   help="autocast: bf16 (CPU or GPU), fp16 (GPU, with loss scaling), auto (bf16 where native)")
     _decode_args(t)
     t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(run=run_train)
+    t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    t.set_defaults(run=run_translate_train)
 
     e = tsub.add_parser("eval", help="score a trained model: BLEU, chrF, exact match, tokenized BLEU")
     e.add_argument("checkpoint", help="training output directory or its checkpoint.pt")
@@ -51,67 +55,82 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--ref", help="reference file (with --src)")
     _decode_args(e)
     e.add_argument("--json", help="also write the scores to this file")
-    e.set_defaults(run=run_eval)
+    e.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    e.set_defaults(run=run_translate_eval)
 
     d = tsub.add_parser("decode", help="translate lines from a file or stdin")
     d.add_argument("checkpoint", help="training output directory or its checkpoint.pt")
     d.add_argument("--input", default="-", help="source file (default stdin)")
     _decode_args(d)
-    d.set_defaults(run=run_decode)
+    d.add_argument("--precision", choices=("fp32", "bf16", "fp16", "auto"), default="fp32", help="autocast")
+    d.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    d.set_defaults(run=run_translate_decode)
 
 
 def _decode_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy); the paper uses 4")
+    """Decoding, device and thread flags, shared by train (its test split), eval and decode."""
+    p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy, at most 64); the paper uses 4")
     p.add_argument("--lenpen", type=float, default=0.6, help="length penalty: score / length**lenpen")
+    p.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK when a GPU is visible), cpu, cuda, cuda:N")
+    add_threads_argument(p)
 
 
-def run_train(args: argparse.Namespace) -> int:
-    from resmlp.seq2seq.train import TrainConfig, train
+def run_translate_train(args: argparse.Namespace) -> int:
+    from resmlp.seq2seq.decoding import check_beam
+    from resmlp.seq2seq.train import TranslationConfig, train_translation
+
+    check_beam(args.beam)  # before training, not after it
 
     overrides = {k: getattr(args, k) for k in ("dim", "hidden", "encoder_layers", "decoder_layers", "heads",
                                                "max_len", "dropout", "layerscale_init", "positions")
                  if getattr(args, k) is not None}
     lr = args.lr if args.lr is not None else (0.2 if args.optimizer == "adagrad" else 5e-4)
-    cfg = TrainConfig(
+    cfg = TranslationConfig(
         output=args.output, task=args.task, data=args.data, src_suffix=args.src_suffix,
         tgt_suffix=args.tgt_suffix, task_train_size=args.train_size, arch=args.arch, preset=args.preset,
         model_overrides=overrides, vocab_size=args.vocab_size, optimizer=args.optimizer, lr=lr,
         warmup_steps=args.warmup_steps, max_tokens=args.max_tokens, max_steps=args.max_steps,
         max_minutes=args.max_minutes, eval_every=args.eval_every, label_smoothing=args.label_smoothing,
         clip_norm=args.clip_norm, precision=args.precision, beam=args.beam, lenpen=args.lenpen,
-        seed=args.seed,
+        seed=args.seed, device=args.device, threads=args.threads, progress=args.progress,
     )
-    summary = train(cfg, resume=args.resume)
+    summary = train_translation(cfg, resume=args.resume)
     if summary:
         print(json.dumps(summary, indent=2))
     return 0
 
 
 def _run_config(checkpoint: str):
-    from resmlp.seq2seq.train import TrainConfig
+    from resmlp.seq2seq.train import TranslationConfig
 
     run_dir = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
     config = run_dir / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"{config} not found; CHECKPOINT must be a `resmlp translate train` output")
-    return run_dir, TrainConfig(**json.loads(config.read_text()))
+    return run_dir, TranslationConfig(**json.loads(config.read_text()))
 
 
-def run_eval(args: argparse.Namespace) -> int:
+def run_translate_eval(args: argparse.Namespace) -> int:
+    from resmlp.runtime import process_settings, resolve_device
     from resmlp.seq2seq.data import read_parallel
-    from resmlp.seq2seq.train import evaluate_split, load_trained, scores, translate
+    from resmlp.seq2seq.decoding import check_beam
+    from resmlp.seq2seq.train import evaluate_translation, load_trained, scores, translate
 
-    model, tok, _ = load_trained(args.checkpoint)
-    run_dir, cfg = _run_config(args.checkpoint)
-    cfg.beam, cfg.lenpen = args.beam, args.lenpen
-    if args.src or args.ref:
-        if not (args.src and args.ref):
-            raise ValueError("--src and --ref go together")
-        src, ref = read_parallel(args.src, args.ref)
-        result = scores(translate(model, tok, src, beam=args.beam, lenpen=args.lenpen), ref)
-    else:
-        data = Path(cfg.data) if cfg.data else run_dir / "data"
-        result = evaluate_split(model, tok, data, args.split, cfg)
+    check_beam(args.beam)
+    if bool(args.src) != bool(args.ref):
+        raise ValueError("--src and --ref go together")
+    with process_settings(args.threads):
+        model, tok, _ = load_trained(args.checkpoint, resolve_device(args.device))
+        run_dir, cfg = _run_config(args.checkpoint)
+        cfg.beam, cfg.lenpen = args.beam, args.lenpen
+        if args.src:
+            src, ref = read_parallel(args.src, args.ref)
+            hyps = translate(model, tok, src, beam=args.beam, lenpen=args.lenpen, precision=cfg.precision,
+                             progress=args.progress)
+            result = scores(hyps, ref)
+        else:
+            data = Path(cfg.data) if cfg.data else run_dir / "data"
+            result = evaluate_translation(model, tok, data, args.split, cfg, progress=args.progress)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
@@ -121,12 +140,18 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_decode(args: argparse.Namespace) -> int:
+def run_translate_decode(args: argparse.Namespace) -> int:
+    from resmlp.runtime import process_settings, resolve_device
     from resmlp.seq2seq.data import read_lines
+    from resmlp.seq2seq.decoding import check_beam
     from resmlp.seq2seq.train import load_trained, translate
 
-    model, tok, _ = load_trained(args.checkpoint)
-    lines = sys.stdin.read().splitlines() if args.input == "-" else read_lines(args.input)
-    for hyp in translate(model, tok, lines, beam=args.beam, lenpen=args.lenpen):
+    check_beam(args.beam)
+    with process_settings(args.threads):
+        model, tok, _ = load_trained(args.checkpoint, resolve_device(args.device))
+        lines = sys.stdin.read().splitlines() if args.input == "-" else read_lines(args.input)
+        hyps = translate(model, tok, lines, beam=args.beam, lenpen=args.lenpen, precision=args.precision,
+                         progress=args.progress)
+    for hyp in hyps:
         print(hyp)
     return 0

@@ -19,6 +19,13 @@ from resmlp.errors import ConfigError
 MAX_BEAM = 64
 
 
+def check_beam(beam: int) -> None:
+    """A ConfigError unless 1 <= beam <= MAX_BEAM (commands check before loading or training anything)."""
+    if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
+        raise ConfigError(f"beam size must be a whole number from 1 to {MAX_BEAM}, got {beam!r} "
+                          "(the paper uses 4; 1 decodes greedily)")
+
+
 def _limit(model: nn.Module, max_len: int | None) -> int:
     cap = model.config.max_len
     return cap if max_len is None else max(1, min(max_len, cap))
@@ -56,9 +63,7 @@ def beam_search(
     the worst of them (its log-probability only falls; the bound takes the most favourable final length),
     so unlikely hypotheses that end early cannot crowd out a likely longer one. The best normalised wins.
     """
-    if not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
-        raise ConfigError(f"beam size must be a whole number from 1 to {MAX_BEAM}, got {beam!r} "
-                          "(the paper uses 4; 1 decodes greedily)")
+    check_beam(beam)
     cfg = model.config
     b, k = src.shape[0], beam
     memory = model.encode(src)

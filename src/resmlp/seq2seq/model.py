@@ -378,11 +378,11 @@ class TransformerSeq2Seq(Seq2SeqBase):
         return self.decode(state.tokens, state.memory)[:, -1]
 
 
-def build_model(cfg: Seq2SeqConfig) -> Seq2SeqBase:
+def build_translation_model(cfg: Seq2SeqConfig) -> Seq2SeqBase:
     return ResMLPSeq2Seq(cfg) if cfg.arch == "resmlp" else TransformerSeq2Seq(cfg)
 
 
-def model_config(preset: str, vocab_size: int, **overrides: Any) -> Seq2SeqConfig:
+def translation_model_config(preset: str, vocab_size: int, **overrides: Any) -> Seq2SeqConfig:
     """Config of a named preset (base6, base12, small, tiny) with field overrides."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")

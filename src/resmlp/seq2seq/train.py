@@ -1,8 +1,9 @@
 """Training loop and evaluation for the translation models.
 
-A compact loop of its own (the image training engine does not handle token batches or decoding):
-token-based batches, label-smoothed cross-entropy, Adagrad + linear warm-up (paper) or Adam +
-inverse-sqrt, bf16 autocast, torchrun DDP, atomic checkpoints with resume, CSV log, rich progress.
+A compact loop of its own (the image `Trainer` does not handle token batches or decoding): token-based
+batches, label-smoothed cross-entropy, Adagrad + linear warm-up (paper) or Adam + inverse-sqrt. Devices,
+torchrun DDP, autocast, threads and the fp16 gradient scaler come from `resmlp.runtime`, as for the image
+models: one process per GPU (`cuda:LOCAL_RANK`) when GPUs are visible, else the CPU.
 
 Output directory:
 ``config.json`` (training options and model config), ``tokenizer.model`` (sentencepiece bytes),
@@ -12,11 +13,10 @@ Output directory:
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import math
-import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,11 +24,22 @@ from typing import Any
 
 import sacrebleu
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from resmlp.checkpoint import torch_load
 from resmlp.fileio import atomic_write
+from resmlp.hostinfo import host_info
+from resmlp.runtime import (
+    DistInfo,
+    all_reduce_sum,
+    autocast,
+    barrier,
+    grad_scaler,
+    init_distributed,
+    process_settings,
+    resolve_amp,
+    shutdown,
+)
 from resmlp.seq2seq.data import (
     Tokenizer,
     collate,
@@ -38,15 +49,17 @@ from resmlp.seq2seq.data import (
     token_batches,
 )
 from resmlp.seq2seq.decoding import beam_search, greedy
-from resmlp.seq2seq.model import Seq2SeqBase, Seq2SeqConfig, build_model, model_config
+from resmlp.seq2seq.model import Seq2SeqBase, Seq2SeqConfig, build_translation_model, translation_model_config
 from resmlp.seq2seq.tasks import make_number_task
 
 CHECKPOINT = "checkpoint.pt"
 TOKENIZER = "tokenizer.model"
+# fp32: no autocast; bf16: CPU or GPU autocast; fp16: GPU autocast with loss scaling; auto: runtime.resolve_amp
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 
 
 @dataclass
-class TrainConfig:
+class TranslationConfig:
     """Everything a run depends on; saved to config.json so a run can be resumed and repeated."""
 
     output: str
@@ -68,47 +81,41 @@ class TrainConfig:
     eval_every: int = 500
     label_smoothing: float = 0.1
     clip_norm: float = 0.0
-    precision: str = "fp32"  # bf16 autocast measured ~8x slower for these models on this CPU
+    precision: str = "fp32"  # CPU bf16 autocast measured ~8x slower for these models (docs/translation.md)
     beam: int = 4
     lenpen: float = 0.6
     seed: int = 0
     log_every: int = 50
+    device: str = "auto"  # auto: cuda:LOCAL_RANK when a GPU is visible, else cpu
+    threads: int | None = None  # None: runtime.default_threads()
+    progress: bool = True  # a tqdm bar on stderr (rank 0)
 
     def __post_init__(self) -> None:
         if (self.task is None) == (self.data is None):
             raise ValueError("give exactly one of --task (built-in number-words task) or --data DIR")
         if self.optimizer not in ("adagrad", "adam"):
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose adagrad or adam")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"unknown precision {self.precision!r}; choose fp32 or bf16")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The runtime's amp name ('none', 'bf16', 'fp16') for a translation precision on `device`."""
+    return resolve_amp("none" if precision == "fp32" else precision, device)
 
 
 # ------------------------------------------------------------------------------------- distributed
-def _world() -> tuple[int, int]:
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
-def _init_distributed() -> None:
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _any_rank(flag: bool) -> bool:
+def _any_rank(flag: bool, info: DistInfo) -> bool:
     """True if any process says so (keeps ranks stepping in lock-step when one hits the time budget)."""
-    if not dist.is_initialized():
-        return flag
-    t = torch.tensor([float(flag)])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(all_reduce_sum(torch.tensor([float(flag)]), info).item() > 0)
+
+
+def _on(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(t.to(device, non_blocking=True) for t in tensors)
 
 
 # ---------------------------------------------------------------------------------- optimisation
-def make_optimizer(model: nn.Module, cfg: TrainConfig):
+def make_optimizer(model: nn.Module, cfg: TranslationConfig):
     """Adagrad with linear warm-up then constant (paper 3.6), or Adam with inverse-sqrt decay."""
     warm = max(1, cfg.warmup_steps)
     if cfg.optimizer == "adagrad":
@@ -124,45 +131,75 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def _autocast(precision: str):
-    return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+def _optimizer_step(loss: torch.Tensor, model: nn.Module, opt, scaler, clip_norm: float) -> None:
+    """Backward and update; with fp16 the gradients are scaled, and unscaled before clipping."""
+    opt.zero_grad(set_to_none=True)
+    if scaler is None:
+        loss.backward()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+    if clip_norm > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    if scaler is None:
+        opt.step()
+    else:
+        scaler.step(opt)
+        scaler.update()
 
 
 # ---------------------------------------------------------------------------------------- saving
-def save_checkpoint(out: Path, model: nn.Module, opt, sched, step: int, epoch: int, seconds: float) -> None:
+def save_checkpoint(out: Path, model: nn.Module, opt, sched, scaler, step: int, epoch: int,
+                    seconds: float) -> None:
     """Everything resume needs; a resumed run restarts the interrupted epoch's (shuffled) batch order."""
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
              "step": step, "epoch": epoch, "train_seconds": seconds, "model_config": model.config.to_dict()}
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
     atomic_write(out / CHECKPOINT, lambda p: torch.save(state, p))
 
 
-def load_trained(path: str | Path) -> tuple[Seq2SeqBase, Tokenizer, dict[str, Any]]:
-    """Model (eval mode), tokenizer and checkpoint dict from a run directory or its checkpoint.pt."""
-    path = Path(path)
-    out = path if path.is_dir() else path.parent
-    ckpt = torch_load(out / CHECKPOINT if path.is_dir() else path)
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A `resmlp translate train` checkpoint, read weights-only (no code runs) onto the CPU."""
+    ckpt = torch_load(path)
     if not isinstance(ckpt, dict) or "model_config" not in ckpt:
         raise ValueError(f"{path} is not a `resmlp translate train` checkpoint (no model_config)")
-    model = build_model(Seq2SeqConfig.from_dict(ckpt["model_config"]))
+    return ckpt
+
+
+def load_trained(path: str | Path, device: str | torch.device = "cpu"
+                 ) -> tuple[Seq2SeqBase, Tokenizer, dict[str, Any]]:
+    """Model (eval mode, on `device`), tokenizer and checkpoint dict from a run directory or its checkpoint.pt."""
+    path = Path(path)
+    out = path if path.is_dir() else path.parent
+    ckpt = load_checkpoint(out / CHECKPOINT if path.is_dir() else path)
+    model = build_translation_model(Seq2SeqConfig.from_dict(ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
-    return model.eval(), Tokenizer.load(out / TOKENIZER), ckpt
+    return model.to(device).eval(), Tokenizer.load(out / TOKENIZER), ckpt
 
 
 # ---------------------------------------------------------------------------------------- decoding
 def translate(
     model: Seq2SeqBase, tok: Tokenizer, lines: list[str], beam: int = 4, lenpen: float = 0.6,
-    batch_size: int = 64, precision: str = "fp32",
+    batch_size: int = 64, precision: str = "fp32", progress: bool = False,
 ) -> list[str]:
-    """Detokenised translations; empty lines give empty translations, long lines are truncated."""
+    """Detokenised translations on the model's device; empty lines give empty translations, long lines are
+    truncated. progress: a tqdm bar per batch on stderr."""
+    from tqdm.auto import tqdm
+
     model.eval()
+    device = next(model.parameters()).device
+    amp = resolve_precision(precision, device)
     out = [""] * len(lines)
     todo = [i for i, line in enumerate(lines) if line.strip()]
     ids = tok.encode([lines[i] for i in todo], model.config.max_len, what="source lines")
     order = sorted(range(len(todo)), key=lambda j: len(ids[j]))  # similar lengths: less padding
-    for start in range(0, len(order), batch_size):
+    starts = range(0, len(order), batch_size)
+    for start in tqdm(starts, desc="translate", unit="batch", file=sys.stderr, dynamic_ncols=True,
+                      disable=not progress):
         chunk = order[start : start + batch_size]
-        src = pad_batch([ids[j] for j in chunk])
-        with _autocast(precision):
+        (src,) = _on(device, pad_batch([ids[j] for j in chunk]))
+        with autocast(device, amp):
             hyps = greedy(model, src) if beam == 1 else beam_search(model, src, beam=beam, lenpen=lenpen)
         for j, text in zip(chunk, tok.decode(hyps), strict=True):
             out[todo[j]] = text
@@ -189,13 +226,13 @@ def scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------- training
 @torch.no_grad()
-def validation_loss(model: nn.Module, src_ids, tgt_ids, max_tokens: int, precision: str) -> float:
+def validation_loss(model: nn.Module, src_ids, tgt_ids, max_tokens: int, device: torch.device, amp: str) -> float:
     model.eval()
     total, count = 0.0, 0
     loss_fn = nn.CrossEntropyLoss(ignore_index=0, reduction="sum")
     for batch in token_batches([len(s) for s in src_ids], [len(t) for t in tgt_ids], max_tokens, 0):
-        src, tgt_in, tgt_out = collate([src_ids[i] for i in batch], [tgt_ids[i] for i in batch])
-        with _autocast(precision):
+        src, tgt_in, tgt_out = _on(device, *collate([src_ids[i] for i in batch], [tgt_ids[i] for i in batch]))
+        with autocast(device, amp):
             logits = model(src, tgt_in)
         total += loss_fn(logits.float().flatten(0, 1), tgt_out.flatten()).item()
         count += int(tgt_out.ne(0).sum())
@@ -203,56 +240,70 @@ def validation_loss(model: nn.Module, src_ids, tgt_ids, max_tokens: int, precisi
     return total / max(1, count)
 
 
-def _prepare_data(cfg: TrainConfig, out: Path) -> Path:
+def _prepare_data(cfg: TranslationConfig, out: Path, info: DistInfo) -> Path:
     if cfg.task is None:
         return Path(cfg.data)
     data = out / "data"
-    if _world()[0] == 0 and not (data / "test.tgt").is_file():
+    if info.is_main and not (data / "test.tgt").is_file():
         make_number_task(cfg.task, data, train_size=cfg.task_train_size, seed=cfg.seed)
-    _barrier()
+    barrier(info)
     return data
 
 
-def train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
-    """Train, checkpoint, evaluate on the test split; returns (and writes) summary.json's content."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    _init_distributed()
-    rank, world = _world()
+def train_translation(cfg: TranslationConfig, resume: bool = False) -> dict[str, Any]:
+    """Train, checkpoint, evaluate on the test split; returns (and writes) summary.json's content (rank 0;
+    other ranks return {}). Threads, the torchrun process group and the device come from `resmlp.runtime`."""
     out = Path(cfg.output)
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(f"{out} already holds a checkpoint; pass --resume to continue it or pick another --output")
+    with process_settings(cfg.threads):
+        info = init_distributed(cfg.device)
+        try:
+            return _train(cfg, info, out, resume)
+        finally:
+            shutdown(info)
+
+
+def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    rank, world, device = info.rank, info.world_size, info.device
+    amp = resolve_precision(cfg.precision, device)
     torch.manual_seed(cfg.seed)
-    data = _prepare_data(cfg, out)
+    data = _prepare_data(cfg, out, info)
     train_src, train_tgt = read_parallel(*split_paths(data, "train", cfg.src_suffix, cfg.tgt_suffix))
     valid_src, valid_tgt = read_parallel(*split_paths(data, "valid", cfg.src_suffix, cfg.tgt_suffix))
 
-    if rank == 0 and not (out / TOKENIZER).is_file():
+    if info.is_main and not (out / TOKENIZER).is_file():
         tok = Tokenizer.train(train_src + train_tgt, cfg.vocab_size)
         atomic_write(out / TOKENIZER, lambda p: p.write_bytes(tok.model_bytes))
         atomic_write(out / "config.json", lambda p: p.write_text(json.dumps(asdict(cfg), indent=2)))
-    _barrier()
+    barrier(info)
     tok = Tokenizer.load(out / TOKENIZER)
-    mcfg = model_config(cfg.preset, len(tok), arch=cfg.arch, **cfg.model_overrides)
+    mcfg = translation_model_config(cfg.preset, len(tok), arch=cfg.arch, **cfg.model_overrides)
     src_ids = tok.encode(train_src, mcfg.max_len, "train sources")
     tgt_ids = tok.encode(train_tgt, mcfg.max_len - 1, "train targets")  # room for BOS / EOS
     vsrc = tok.encode(valid_src, mcfg.max_len, "valid sources")
     vtgt = tok.encode(valid_tgt, mcfg.max_len - 1, "valid targets")
 
-    model = build_model(mcfg)
+    model = build_translation_model(mcfg).to(device)  # before the optimizer: its state lives on the device
     opt, sched = make_optimizer(model, cfg)
+    scaler = grad_scaler(amp, device)
     step, epoch, seconds = 0, 0, 0.0
     if resume and (out / CHECKPOINT).is_file():
-        ckpt = torch_load(out / CHECKPOINT)
+        ckpt = load_checkpoint(out / CHECKPOINT)
         model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        opt.load_state_dict(ckpt["optimizer"])  # moves the state onto the parameters' device
         sched.load_state_dict(ckpt["scheduler"])
+        if scaler is not None and "scaler" in ckpt:
+            scaler.load_state_dict(ckpt["scaler"])
         step, epoch, seconds = ckpt["step"], ckpt["epoch"], ckpt["train_seconds"]
-    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    ddp_devices = [device.index] if device.type == "cuda" else None
+    net = nn.parallel.DistributedDataParallel(model, device_ids=ddp_devices) if info.enabled else model
     loss_fn = nn.CrossEntropyLoss(ignore_index=0, label_smoothing=cfg.label_smoothing)
     log_path = out / "log.csv"
     log_fields = ["step", "epoch", "train_loss", "valid_loss", "lr", "tokens_per_s", "train_seconds"]
-    if rank == 0 and not log_path.exists():
+    if info.is_main and not log_path.exists():
         with open(log_path, "w", newline="") as f:
             csv.DictWriter(f, log_fields).writeheader()
 
@@ -261,73 +312,67 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
             csv.DictWriter(f, log_fields).writerow(row)
 
     budget = cfg.max_minutes * 60
-    progress = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=rank != 0)
+    bar = tqdm(total=cfg.max_steps, initial=step, desc="train", unit="step", file=sys.stderr,
+               dynamic_ncols=True, disable=not (cfg.progress and info.is_main))
     model.train()
     started, tokens_seen, loss_sum, loss_n = time.time() - seconds, 0, 0.0, 0
     window_start, stop = time.time(), False
-    with progress:
-        bar = progress.add_task("train", total=cfg.max_steps, completed=step, info="")
+    with bar:
         while not stop:
             batches = token_batches([len(s) for s in src_ids], [len(t) for t in tgt_ids], cfg.max_tokens,
                                     seed=cfg.seed * 1000 + epoch)
             batches = batches[rank : len(batches) - len(batches) % world : world]  # equal count per rank
             for batch in batches:
-                src, tgt_in, tgt_out = collate([src_ids[i] for i in batch], [tgt_ids[i] for i in batch])
-                with _autocast(cfg.precision):
+                src, tgt_in, tgt_out = _on(device, *collate([src_ids[i] for i in batch],
+                                                             [tgt_ids[i] for i in batch]))
+                with autocast(device, amp):
                     logits = net(src, tgt_in)
                 loss = loss_fn(logits.float().flatten(0, 1), tgt_out.flatten())
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.clip_norm > 0:
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-                opt.step()
+                _optimizer_step(loss, model, opt, scaler, cfg.clip_norm)
                 sched.step()
                 step += 1
+                bar.update()
                 tokens_seen += int(tgt_out.ne(0).sum())
                 loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
                 seconds = time.time() - started
-                stop = _any_rank(step >= cfg.max_steps or seconds >= budget)
+                stop = _any_rank(step >= cfg.max_steps or seconds >= budget, info)
                 evaluate_now = stop or step % cfg.eval_every == 0
-                if rank == 0 and (evaluate_now or step % cfg.log_every == 0):
+                if info.is_main and (evaluate_now or step % cfg.log_every == 0):
                     row = {"step": step, "epoch": epoch, "train_loss": round(loss_sum / loss_n, 4),
                            "valid_loss": "", "lr": sched.get_last_lr()[0],
                            "tokens_per_s": round(tokens_seen * world / (time.time() - window_start), 1),
                            "train_seconds": round(seconds, 1)}
                     if evaluate_now:
-                        row["valid_loss"] = round(validation_loss(model, vsrc, vtgt, cfg.max_tokens,
-                                                                  cfg.precision), 4)
-                        save_checkpoint(out, model, opt, sched, step, epoch, seconds)
+                        row["valid_loss"] = round(validation_loss(model, vsrc, vtgt, cfg.max_tokens, device, amp), 4)
+                        save_checkpoint(out, model, opt, sched, scaler, step, epoch, seconds)
                     log(row)
-                    info = f"loss {row['train_loss']} valid {row['valid_loss']}"
-                    progress.update(bar, completed=step, info=info)
+                    bar.set_postfix(loss=row["train_loss"], valid=row["valid_loss"], refresh=False)
                     loss_sum, loss_n, tokens_seen, window_start = 0.0, 0, 0, time.time()
                 if stop:
                     break
             epoch += 1
-    _barrier()
+    barrier(info)
     summary: dict[str, Any] = {}
-    if rank == 0:
-        summary = evaluate_split(model, tok, data, "test", cfg, out)
+    if info.is_main:
+        summary = evaluate_translation(model, tok, data, "test", cfg, out)
         summary.update(arch=cfg.arch, task=cfg.task, params=sum(p.numel() for p in model.parameters()),
                        steps=step, train_seconds=round(seconds, 1), max_minutes=cfg.max_minutes,
-                       wall_seconds=round(seconds + summary.pop("decode_seconds"), 1))
+                       wall_seconds=round(seconds + summary.pop("decode_seconds"), 1), device=str(device),
+                       processes=world, host=host_info("fp32" if amp == "none" else amp))
         atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
-    if dist.is_initialized():
-        dist.destroy_process_group()
     return summary
 
 
-def evaluate_split(model: Seq2SeqBase, tok: Tokenizer, data: Path, split: str, cfg: TrainConfig,
-                   out: Path | None = None) -> dict[str, Any]:
+def evaluate_translation(model: Seq2SeqBase, tok: Tokenizer, data: Path, split: str, cfg: TranslationConfig,
+                         out: Path | None = None, progress: bool = False) -> dict[str, Any]:
     """Decode `split` with beam search and score it; writes {split}.hyp under `out` if given."""
     src, ref = read_parallel(*split_paths(data, split, cfg.src_suffix, cfg.tgt_suffix))
     t0 = time.time()
-    hyps = translate(model, tok, src, beam=cfg.beam, lenpen=cfg.lenpen, precision=cfg.precision)
+    hyps = translate(model, tok, src, beam=cfg.beam, lenpen=cfg.lenpen, precision=cfg.precision,
+                     progress=progress)
     result = {**scores(hyps, ref), "decode_seconds": round(time.time() - t0, 1), "sentences": len(ref),
               "beam": cfg.beam, "lenpen": cfg.lenpen}
     if out is not None:
         atomic_write(out / f"{split}.hyp", lambda p: p.write_text("".join(h + "\n" for h in hyps),
                                                                    encoding="utf-8"))
     return result
-
