@@ -86,7 +86,8 @@ def test_teacher_gets_no_gradient_sees_mixed_images_and_student_learns():
 def test_convnet_teacher_trained_by_the_engine_then_distilled_from_the_cli(tmp_path):
     teacher_run = train("fashion-mnist-teacher", tmp_path / "teacher",
                         {**{k: v for k, v in TINY.items() if not k.startswith("model.")},
-                         "model.name": "timm:resnet10t", "model.img_size": 16, "model.in_chans": 1})
+                         "model.name": "timm:resnet10t", "model.img_size": 16, "model.in_chans": 1,
+                         "train.amp": "none"})  # bf16 autocast broke this tiny convnet's weights on some steps
     teacher = resmlp.load(teacher_run["checkpoint"])
     assert isinstance(teacher, timm.models.ResNet) and teacher.num_classes == 4
     out = tmp_path / "student"

@@ -68,3 +68,21 @@ def test_resume_extends_a_finished_run_and_may_lower_the_learning_rate(tmp_path)
     assert more["epochs"] == 3 and more["lr"] == pytest.approx(1e-4)
     rows = (out / "metrics.csv").read_text().splitlines()
     assert len(rows) == 4  # header + 3 epochs, the first one kept from the finished run
+
+
+def test_weights_broken_by_the_last_step_stop_the_run_before_they_are_saved(tmp_path):
+    """A last update that leaves NaN weights has no later loss to show it: the epoch's end must catch it."""
+    from resmlp.train import NonFiniteLossError
+    from resmlp.train.config import load_config
+    from resmlp.train.tasks import SupervisedTask
+
+    class BreakTheWeights(SupervisedTask):
+        def after_optimizer_step(self, trainer):
+            if trainer.global_step == 3:  # the epoch's 4th and last step
+                with torch.no_grad():
+                    next(trainer.model.parameters()).view(-1)[0] = float("nan")
+
+    cfg = load_config("fashion-mnist-quick", {**TINY, "schedule.epochs": 1})
+    with pytest.raises(NonFiniteLossError, match="weights became NaN"):
+        train(cfg, tmp_path / "run", task=BreakTheWeights(cfg))
+    assert not (tmp_path / "run" / "best.safetensors").exists()

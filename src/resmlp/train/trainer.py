@@ -188,17 +188,25 @@ class Trainer:
         return tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch, dynamic_ncols=True,
                     desc=f"epoch {self.epoch + 1}/{self.cfg.schedule.epochs}")
 
-    def _check_finite(self, step_loss: torch.Tensor) -> None:
+    def _check_finite(self, step_loss: torch.Tensor | None = None) -> None:
+        """Stop on a non-finite step loss, or (step_loss None, at the end of an epoch) non-finite weights: the
+        last epoch's update can break the weights with no later loss to show it, and a checkpoint of them is
+        no good checkpoint."""
+        if step_loss is not None:
+            finite, what = math.isfinite(step_loss.item()), f"the loss became {step_loss.item()}"
+        else:
+            finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+            what = "the weights became NaN/infinite"
         # every rank must stop together, so the verdict is summed over ranks
-        bad = all_reduce_sum(torch.tensor([0.0 if math.isfinite(step_loss.item()) else 1.0]), self.info)
+        bad = all_reduce_sum(torch.tensor([0.0 if finite else 1.0]), self.info)
         if bad.item() > 0:
             where = f"epoch {self.epoch + 1}, step {self.step_in_epoch + 1} (global step {self.global_step + 1})"
             last = self.out / STATE_FILE
             kept = f"the last good checkpoint {last} is intact" if last.exists() else "no checkpoint was written yet"
             raise NonFiniteLossError(
-                f"the loss became {step_loss.item()} at {where}, lr {self.optimizer.param_groups[0]['lr']:.3g}; "
-                f"training stopped and {kept}. Resume it with a lower learning rate (--resume --set optim.lr=...), "
-                "set train.clip_grad (e.g. 1.0) or use train.amp=none")
+                f"{what} at {where}, lr {self.optimizer.param_groups[0]['lr']:.3g}; training stopped and {kept}. "
+                "Resume it with a lower learning rate (--resume --set optim.lr=...), set train.clip_grad (e.g. 1.0) "
+                "or use train.amp=none")
 
     def _optimizer_step(self) -> None:
         if self.scaler is not None:
@@ -218,6 +226,7 @@ class Trainer:
         self.task.after_optimizer_step(self)
 
     def _end_epoch(self) -> None:
+        self._check_finite()
         eval_model = self.task.model_to_save(self)
         metrics, score = self.task.evaluate(self, eval_model)
         totals = all_reduce_sum(self.epoch_totals.clone(), self.info)
