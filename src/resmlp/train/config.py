@@ -425,6 +425,20 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(0 < t.ema_decay < 1, f"train.ema_decay must be in (0, 1), got {t.ema_decay}")
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0")
     need(o.layer_decay is None or 0 < o.layer_decay <= 1, f"optim.layer_decay must be in (0, 1], got {o.layer_decay}")
+    need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
+         f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
+    return errors + _check_paradigm_sections(cfg)
+
+
+def _check_paradigm_sections(cfg: TrainConfig) -> list[str]:
+    """The distill, finetune and dino sections."""
+    errors = []
+    d = cfg.data
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            errors.append(msg)
+
     kd, ft, dn = cfg.distill, cfg.finetune, cfg.dino
     need(kd.type in ("hard", "soft"), f"distill.type: {kd.type!r} is not one of hard, soft")
     need(0 <= kd.alpha <= 1, f"distill.alpha must be in [0, 1], got {kd.alpha}")
@@ -444,6 +458,4 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     for key in ("global_scale", "local_scale"):
         v = getattr(dn, key)
         need(len(v) == 2 and 0 < v[0] <= v[1] <= 1, f"dino.{key}: [min, max] in (0, 1], got {v}")
-    need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
-         f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
     return errors
