@@ -135,7 +135,7 @@ def an_image(path: Path) -> Path:
 @case("CIFAR batches.meta with an os.mkdir payload (library)")
 def _(d: Path):
     root = cifar_with_payload(d / "c", d / "pwned")
-    ok, how = refused(lambda: build_dataset("cifar10", "val", root, 3))
+    ok, how = refused(lambda: build_dataset("cifar10", "test", root, 3))
     return ok and not (d / "pwned").exists(), how
 
 
