@@ -112,26 +112,37 @@ class FusedBlockFunction(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             batch, tokens, dim = x.shape
             x = x.contiguous()  # the stem's tokens are a transposed view; the GEMMs want rows
-            x_c, a_c, w1_c, w2_c = (t.to(dtype) for t in (x, a, w1, w2))
-            u = torch.matmul(a_c, x_c)  # the cross-patch product, (B, N, C)
-            z = torch.addcmul(x + c, s, u).view(-1, dim)  # the tokens after the cross-patch residual
-            z_c = z.to(dtype)
-            pre = torch.addmm(b1.to(dtype), z_c, w1_c.t())
+            x_c, a_c, w2_c = (t.to(dtype) for t in (x, a, w2))
+            u = torch.bmm(a_c.expand(batch, tokens, tokens), x_c)  # the cross-patch product A x, (B, N, C)
+            # fc1's input gets a column of ones and its weight fc1's bias, so the GEMM adds the bias (a
+            # broadcast bias costs addmm a full write of its (B*N, H) output) and the weight's gradient
+            # holds the bias's (no column sum)
+            z_ones = x.new_empty((batch * tokens, dim + 1), dtype=dtype)
+            z_ones[:, dim] = 1
+            w1_bias = torch.cat([w1.to(dtype), b1.to(dtype).unsqueeze(-1)], dim=1)
+            residual_dtype = torch.promote_types(x.dtype, c.dtype)
+            if residual_dtype == dtype:  # the tokens after the cross-patch residual, written in place
+                z = z_ones[:, :dim]
+                torch.addcmul(x + c, s, u, out=z.view(batch, tokens, dim))
+            else:  # mixed precision: the residual stream stays in its dtype, fc1 reads a cast copy
+                z = torch.addcmul(x + c, s, u).view(-1, dim)
+                z_ones[:, :dim].copy_(z)
+            pre = torch.mm(z_ones, w1_bias.t())
             h = F.gelu(pre, approximate=approximate)
             if m2 is not None:  # stochastic depth scales the channel branch per sample
                 y = torch.addmm(b2.to(dtype), h, w2_c.t()).view(batch, tokens, dim)
                 out = torch.addcmul(z.view(batch, tokens, dim), m2, y)
-            elif z.dtype == dtype:
+            elif residual_dtype == dtype:
                 out = torch.addmm(z, h, w2_c.t()).view(batch, tokens, dim)  # residual in the GEMM
-            else:  # mixed precision: the bf16 product joins the fp32 residual stream in one pass
+            else:  # the bf16 product joins the fp32 residual stream in one pass
                 out = torch.add(z, torch.mm(h, w2_c.t())).view(batch, tokens, dim)
-        ctx.save_for_backward(x_c, a_c, s, c, u, z_c, w1_c, pre, h, w2_c, m2)
+        ctx.save_for_backward(x_c, a_c, s, c, u, z_ones, w1_bias, pre, h, w2_c, m2)
         ctx.approximate, ctx.dtype, ctx.grad_dtype = approximate, dtype, out.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102
-        x_c, a_c, s, c, u, z_c, w1_c, pre, h, w2_c, m2 = ctx.saved_tensors
+        x_c, a_c, s, c, u, z_ones, w1_bias, pre, h, w2_c, m2 = ctx.saved_tensors
         need = ctx.needs_input_grad
         dtype = ctx.dtype
         with torch.autocast(grad_out.device.type, enabled=False):
@@ -143,8 +154,10 @@ class FusedBlockFunction(torch.autograd.Function):
             grad_y_c = grad_y.to(dtype)
             grad_w2 = grad_y_c.t().mm(h) if need[6] else None
             grad_pre = torch.ops.aten.gelu_backward(grad_y_c.mm(w2_c), pre, approximate=ctx.approximate)
-            grad_b1 = grad_pre.sum(0) if need[5] else None
-            grad_w1 = grad_pre.t().mm(z_c) if need[4] else None
+            grad_w1_bias = grad_pre.t().mm(z_ones) if need[4] or need[5] else None
+            grad_w1 = grad_w1_bias[:, :dim] if need[4] else None
+            grad_b1 = grad_w1_bias[:, dim] if need[5] else None
+            w1_c = w1_bias[:, :dim]
             grad_z = grad_out.reshape(-1, dim)
             if grad_z.dtype == dtype:  # fc1's input gradient accumulated in the GEMM
                 grad_z = torch.addmm(grad_z, grad_pre, w1_c)
