@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import make_trained_like_
 
+from resmlp.models import fused_block
 from resmlp.models.fused_block import FusedBlockFunction, fusable, set_fused_training
 from resmlp.models.resmlp import ResMLP
 
@@ -152,3 +153,12 @@ def test_benchmark_smoke_writes_host_and_ratios(tmp_path):
     assert result["precision"] == "fp32" and result["gemm_limit_img_s"] > 0
     assert set(result["variants"]) == {"ours", "timm"}
     assert result["ratios"]["ours / timm"]["median"] > 0
+
+
+@pytest.mark.parametrize("drop_path_rate", [0.0, 0.3])
+def test_folded_graph_for_torch_compile_equals_plain(monkeypatch, drop_path_rate):
+    # under torch.compile the block runs the folded arithmetic as plain ops (inductor fuses them)
+    monkeypatch.setattr(fused_block.torch.compiler, "is_compiling", lambda: True)
+    fused, plain = make_pair(drop_path_rate=drop_path_rate)
+    assert not uses_fused_step(fused)
+    assert_same_training_step(fused, plain, torch.float64, 1e-10)

@@ -85,8 +85,17 @@ def fused_block_forward(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         m2 = None
         c = c + b2  # carry fc2's bias in the tokens; fc1 takes it back out of its bias
         b1 = b1 - torch.mv(w1, b2)
-    return FusedBlockFunction.apply(x, weight_a, s, c, w1, b1, w2, b2 if m2 is not None else None, m2,
-                                    mlp.act.approximate)
+    folded = (x, weight_a, s, c, w1, b1, w2, b2 if m2 is not None else None, m2, mlp.act.approximate)
+    if torch.compiler.is_compiling():  # inductor fuses the elementwise work itself, given the folded graph
+        return folded_forward(*folded)
+    return FusedBlockFunction.apply(*folded)
+
+
+def folded_forward(x, a, s, c, w1, b1, w2, b2, m2, approximate: str) -> torch.Tensor:
+    """FusedBlockFunction's arithmetic in plain differentiable ops (what torch.compile traces)."""
+    z = x + c + s * torch.matmul(a, x)
+    h = F.gelu(F.linear(z, w1, b1), approximate=approximate)
+    return z + F.linear(h, w2) if m2 is None else z + m2 * F.linear(h, w2, b2)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
