@@ -1,7 +1,7 @@
 """Training throughput (images/s) of resmlp_s12 vs timm's resmlp_12_224: a benchmark that can rank close numbers.
 
     .venv/bin/python benchmarks/train_throughput.py [--rounds 7] [--steps 2] [--batch 32] [--img-size 224]
-        [--precision fp32 bf16] [--compile] [--threads N] [--json results.json]
+        [--precision fp32 bf16] [--compile] [--threads N] [--json results.json] [--config s12|quickstart]
 
 One training step = forward + cross-entropy + backward + AdamW step on random 3-channel images. Variants:
 `ours` (the default training path, fused blocks), `ours-plain` (the unfused blocks, for reference),
@@ -25,16 +25,24 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import timm
 import torch
+from timm.models.mlp_mixer import Affine, MlpMixer, ResBlock
 from torch.utils.flop_counter import FlopCounterMode
 
 import resmlp
 from resmlp.models.fused_block import set_fused_training
 
 EAGER = ("ours", "ours-plain", "timm")
+# --config: ours = resmlp_s12 with these overrides; timm = an MlpMixer of ResBlocks (timm's ResMLP) of the
+# same shape. "quickstart" is the fashion-mnist-quick recipe's model (28x28 grayscale, 10 classes).
+CONFIGS: dict[str, dict[str, object]] = {
+    "s12": dict(patch_size=16, in_chans=3, dim=384, depth=12, num_classes=1000, layerscale_init=0.1),
+    "quickstart": dict(patch_size=4, in_chans=1, dim=64, depth=4, num_classes=10, layerscale_init=1.0),
+}
 COMPILED = ("ours-compiled", "timm-compiled")
 
 
@@ -56,12 +64,16 @@ def host_info() -> dict[str, object]:
     }
 
 
-def build(variant: str, img_size: int) -> torch.nn.Module:
+def build(variant: str, config: dict[str, object], img_size: int) -> torch.nn.Module:
     torch.manual_seed(0)
     if variant.startswith("timm"):
-        model = timm.create_model("resmlp_12_224", img_size=img_size)
+        model = MlpMixer(
+            num_classes=config["num_classes"], img_size=img_size, in_chans=config["in_chans"],
+            patch_size=config["patch_size"], num_blocks=config["depth"], embed_dim=config["dim"], mlp_ratio=4,
+            block_layer=partial(ResBlock, init_values=config["layerscale_init"]), norm_layer=Affine,
+        )
     else:
-        model = resmlp.create_model("resmlp_s12", img_size=img_size)
+        model = resmlp.create_model("resmlp_s12", img_size=img_size, **config)
         set_fused_training(model, variant != "ours-plain")
     model.train()
     return torch.compile(model) if variant.endswith("compiled") else model
@@ -85,27 +97,29 @@ def make_step(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tenso
     return step
 
 
-def step_matmul_flops(images: torch.Tensor, targets: torch.Tensor) -> int:
+def step_matmul_flops(config: dict[str, object], images: torch.Tensor, targets: torch.Tensor) -> int:
     """Matrix-product FLOPs (mm, addmm, bmm, convolution) of one forward + backward of the plain model."""
-    model = build("ours-plain", images.shape[-1])
+    model = build("ours-plain", config, images.shape[-1])
     with FlopCounterMode(display=False) as counter:
         torch.nn.functional.cross_entropy(model(images), targets).backward()
     return counter.get_total_flops()
 
 
-def make_gemm(batch: int, img_size: int, precision: str) -> tuple[Callable[[], None], int]:
+def make_gemm(config: dict[str, object], batch: int, img_size: int,
+              precision: str) -> tuple[Callable[[], None], int]:
     """The model's largest product (tokens x C @ C x 4C) in the step's precision, and its FLOPs."""
-    rows, dim = batch * (img_size // 16) ** 2, 384
+    rows, dim = batch * (img_size // config["patch_size"]) ** 2, config["dim"]
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = torch.randn(rows, dim, dtype=dtype), torch.randn(dim, 4 * dim, dtype=dtype)
     return (lambda: torch.mm(a, b)), 2 * rows * dim * 4 * dim
 
 
 def measure(precision: str, variants: list[str], args: argparse.Namespace) -> dict[str, object]:
-    images = torch.randn(args.batch, 3, args.img_size, args.img_size)
-    targets = torch.randint(0, 1000, (args.batch,))
-    steps = {v: make_step(build(v, args.img_size), images, targets, precision) for v in variants}
-    gemm, gemm_flops = make_gemm(args.batch, args.img_size, precision)
+    config = CONFIGS[args.config]
+    images = torch.randn(args.batch, config["in_chans"], args.img_size, args.img_size)
+    targets = torch.randint(0, config["num_classes"], (args.batch,))
+    steps = {v: make_step(build(v, config, args.img_size), images, targets, precision) for v in variants}
+    gemm, gemm_flops = make_gemm(config, args.batch, args.img_size, precision)
     for step in steps.values():  # warm-up: allocator, kernels, compilation
         for _ in range(args.warmup):
             step()
@@ -123,7 +137,7 @@ def measure(precision: str, variants: list[str], args: argparse.Namespace) -> di
             gemm()
         peaks.append(3 * gemm_flops / (time.perf_counter() - start))
     peak = max(peaks)  # the machine's best: the limit a step could reach
-    limit = args.batch * peak / step_matmul_flops(images, targets)
+    limit = args.batch * peak / step_matmul_flops(config, images, targets)
     result: dict[str, object] = {
         "precision": "fp32" if precision == "fp32" else "bf16 autocast",
         "gemm_peak_gflops": peak / 1e9,
@@ -158,8 +172,11 @@ def report(result: dict[str, object]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=tuple(CONFIGS), default="s12",
+                        help="s12: resmlp_s12 vs timm's resmlp_12_224; quickstart: the fashion-mnist-quick model")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--img-size", type=int, default=224, help="a multiple of 16")
+    parser.add_argument("--img-size", type=int, default=None,
+                        help="a multiple of the patch size (default: 224 for s12, 28 for quickstart)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per variant first")
@@ -171,8 +188,10 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="add ours-compiled and timm-compiled")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
-    if args.img_size % 16 or args.img_size < 16:
-        parser.error(f"--img-size must be a positive multiple of 16 (the patch size), got {args.img_size}")
+    patch = CONFIGS[args.config]["patch_size"]
+    args.img_size = args.img_size or (28 if args.config == "quickstart" else 224)
+    if args.img_size % patch or args.img_size < patch:
+        parser.error(f"--img-size must be a positive multiple of {patch} (the patch size), got {args.img_size}")
     if min(args.rounds, args.steps, args.batch) < 1 or args.warmup < 0:
         parser.error("--rounds, --steps and --batch must be >= 1, --warmup >= 0")
     if args.threads:
@@ -182,14 +201,14 @@ def main() -> None:
     variants = args.variants or list(EAGER + (COMPILED if args.compile else ()))
     print(f"host: {host['cpu']}, capability {host['cpu_capability']}, native bf16 {host['native_bf16']}, "
           f"{host['threads']} threads; torch {host['torch']}, timm {host['timm']}")
-    print(f"resmlp_s12 vs timm resmlp_12_224, {args.img_size}x{args.img_size}, batch {args.batch}, AdamW, "
+    print(f"config {args.config}: resmlp vs timm ResMLP, {args.img_size}x{args.img_size}, batch {args.batch}, AdamW, "
           f"{args.rounds} interleaved rounds x {args.steps} steps")
     results = []
     for precision in precisions:
         results.append(measure(precision, variants, args))
         report(results[-1])
     if args.json:
-        settings = {k: getattr(args, k) for k in ("batch", "img_size", "rounds", "steps", "warmup")}
+        settings = {k: getattr(args, k) for k in ("config", "batch", "img_size", "rounds", "steps", "warmup")}
         tmp = args.json.with_suffix(args.json.suffix + ".tmp")
         tmp.write_text(json.dumps({"host": host, "settings": settings, "results": results}, indent=2))
         tmp.replace(args.json)  # atomic
