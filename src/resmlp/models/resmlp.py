@@ -28,6 +28,7 @@ from resmlp.layers import (
     make_cross_patch,
     make_norm,
 )
+from resmlp.models.fused_block import fusable, fused_block_forward
 from resmlp.models.resize import fit_state_dict
 
 POOLINGS = ("avg", "class_mlp")
@@ -128,11 +129,22 @@ class ResMLPBlock(nn.Module):
         self.channel_mlp = Mlp(cfg.dim, int(cfg.dim * cfg.mlp_ratio), act_layer=act, drop=cfg.drop_rate)
         self.channel_scale = _layerscale(cfg)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        # training steps of the paper's block design take the fused path (same result, fewer passes over
+        # memory; resmlp.models.fused_block); False keeps the plain one
+        self.fused_train = True
+        self.fusable_design = fusable(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.fused_train and self.fusable_design and self.training and torch.is_grad_enabled()
+                and not torch.jit.is_scripting()):
+            return self._fused_forward(x)
         if self.cross_patch is not None:
             x = x + self.drop_path(self.cross_patch_scale(self.cross_patch(self.cross_patch_norm(x))))
         return x + self.drop_path(self.channel_scale(self.channel_mlp(self.channel_norm(x))))
+
+    @torch.jit.unused
+    def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fused_block_forward(self, x)
 
 
 def _layerscale(cfg: ResMLPConfig) -> nn.Module:
