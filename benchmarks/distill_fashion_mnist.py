@@ -45,7 +45,9 @@ def main() -> int:
                                               {**common, "distill.teacher": None})
     distilled = train("fashion-mnist-distill", out / "distill", {**common, "distill.teacher": teacher["checkpoint"],
                                                                "distill.type": args.distill_type,
-                                                               "distill.cache": args.cache})
+                                                               "distill.cache": args.cache,
+                                                               # --teacher timm:NAME is a timing run: random weights
+                                                               "distill.allow_random_teacher": bool(args.teacher)})
     result = {"teacher": teacher["checkpoint"], "teacher_top1": teacher["test_top1"],
               "student_top1": plain["test_top1"], "distilled_top1": distilled["test_top1"],
               "gain": distilled["test_top1"] - plain["test_top1"], "student_seconds": plain["wall_seconds"],

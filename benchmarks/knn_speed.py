@@ -1,0 +1,139 @@
+"""Speed of `resmlp eval-knn`'s k-NN: torch (resmlp.train.probe.knn_accuracy) vs the scikit-learn code it replaced.
+
+    .venv/bin/python benchmarks/knn_speed.py CHECKPOINT [--data fashion-mnist] [--rounds 5] [--threads 1]
+        [--command-rounds 2]
+
+Extracts the frozen features of the train and test splits once, then times DINO's weighted k-NN (k=20,
+T=0.07) both ways on the same features in interleaved rounds (the order alternates every round, so load from
+other processes hits both alike) and reports the medians and their ratio; the two must give the same top-1.
+The reference is the earlier implementation, rewritten here: scikit-learn's brute-force KNeighborsClassifier
+on cosine distance with the vote weight exp((1 - d) / T) = exp(sim / T) as a Python function.
+
+With --command-rounds N it also times the whole command `resmlp eval-knn CHECKPOINT --threads T` (feature
+extraction included) N times each way, interleaved: the old path is the same command with knn_accuracy
+replaced by the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.neighbors import KNeighborsClassifier
+from threadpoolctl import threadpool_limits
+from torch.utils.data import DataLoader
+
+from resmlp.data import build_dataset
+from resmlp.evaluation import resolve_checkpoint
+from resmlp.hostinfo import host_info
+from resmlp.inference import load_for_inference
+from resmlp.train.probe import extract_features, knn_accuracy
+
+
+def sklearn_knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
+                         k: int = 20, temperature: float = 0.07) -> float:
+    """The scikit-learn k-NN that `eval-knn` used before: the reference for speed and for the result."""
+    knn = KNeighborsClassifier(n_neighbors=k, metric="cosine", algorithm="brute",
+                               weights=lambda d: np.exp((1 - d) / temperature))
+    knn.fit(train_x, train_y)
+    return float((knn.predict(test_x) == test_y).mean() * 100)
+
+
+def features(checkpoint: Path, data: str) -> list[np.ndarray]:
+    loaded = load_for_inference(checkpoint, dataset=data)
+    pre, out = loaded.preprocess, []
+    for split in ("train", "val"):
+        dataset = build_dataset(data, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
+        out += extract_features(loaded.model, DataLoader(dataset, batch_size=256, num_workers=0))
+    return out
+
+
+def timed(fn, *args) -> tuple[float, float]:
+    start = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - start, result
+
+
+def compare_functions(feats: list[np.ndarray], rounds: int, k: int, temperature: float) -> dict:
+    variants = {"torch": lambda: knn_accuracy(*feats, k=k, temperature=temperature),
+                "scikit-learn": lambda: sklearn_knn_accuracy(*feats, k=k, temperature=temperature)}
+    seconds = {name: [] for name in variants}
+    top1 = {}
+    for r in range(rounds):
+        for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+            elapsed, top1[name] = timed(variants[name])
+            seconds[name].append(elapsed)
+    return {"seconds": seconds, "top1": top1}
+
+
+def compare_commands(checkpoint: Path, data: str, rounds: int, threads: int) -> dict:
+    """Whole `resmlp eval-knn` runs, new code and old code (knn_accuracy swapped for the reference)."""
+    args = [str(checkpoint), "--data", data, "--threads", str(threads)]
+    swap = ("import sys, resmlp.train.probe as probe; sys.path.insert(0, {here!r}); import knn_speed; "
+            "probe.knn_accuracy = knn_speed.sklearn_knn_accuracy; from resmlp.cli import main; "
+            "sys.exit(main({args!r}))").format(here=str(Path(__file__).parent), args=["eval-knn", *args])
+    commands = {"torch": [sys.executable, "-m", "resmlp", "eval-knn", *args],
+                "scikit-learn": [sys.executable, "-c", swap]}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
+           "MKL_NUM_THREADS": str(threads)}
+    seconds = {name: [] for name in commands}
+    top1 = {}
+    for r in range(rounds):
+        for name in (list(commands) if r % 2 == 0 else list(commands)[::-1]):
+            start = time.perf_counter()
+            done = subprocess.run(commands[name], env=env, capture_output=True, text=True, check=True)
+            seconds[name].append(time.perf_counter() - start)
+            top1[name] = json.loads(done.stdout.strip().splitlines()[-1])["knn_top1"]
+    return {"seconds": seconds, "top1": top1}
+
+
+def report(title: str, result: dict) -> dict:
+    med = {name: statistics.median(s) for name, s in result["seconds"].items()}
+    ratio = med["scikit-learn"] / med["torch"]
+    print(f"{title}")
+    for name, s in result["seconds"].items():
+        print(f"  {name:13s} median {med[name]:7.2f} s (rounds: {', '.join(f'{x:.2f}' for x in s)}), "
+              f"top-1 {result['top1'][name]:.2f} %")
+    print(f"  speed-up torch over scikit-learn: {ratio:.2f}x")
+    if result["top1"]["torch"] != result["top1"]["scikit-learn"]:
+        raise SystemExit(f"different top-1: {result['top1']}")
+    return {"median_seconds": med, "speedup": ratio, **result}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoint", help="a checkpoint file or a run folder")
+    parser.add_argument("--data", default="fashion-mnist")
+    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--temperature", type=float, default=0.07)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--command-rounds", type=int, default=0, help="also time the whole command (default: no)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    torch.set_num_threads(args.threads)
+    print(json.dumps(host_info("fp32")))
+    with threadpool_limits(args.threads):  # scikit-learn's BLAS gets the same threads as torch
+        feats = features(checkpoint, args.data)
+        print(f"features: train {feats[0].shape}, test {feats[2].shape}, {args.threads} thread(s)")
+        results = {"k-NN only": report(f"k-NN only (k={args.k}, T={args.temperature}), {args.rounds} rounds",
+                                       compare_functions(feats, args.rounds, args.k, args.temperature))}
+    if args.command_rounds:
+        results["command"] = report(f"resmlp eval-knn {checkpoint} --threads {args.threads}, "
+                                    f"{args.command_rounds} rounds",
+                                    compare_commands(checkpoint, args.data, args.command_rounds, args.threads))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"host": host_info("fp32"), **results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
