@@ -17,10 +17,11 @@ from torch.utils.data import DataLoader
 @torch.no_grad()
 def extract_features(model: torch.nn.Module, loader: DataLoader, device: torch.device | str = "cpu",
                      bf16: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Pooled pre-logits features (the representation DINO evaluates) and labels of a whole loader."""
+    """Pooled pre-logits features (the representation DINO evaluates) and labels of a whole loader
+    ((images, targets) or (images, targets, skipped) batches)."""
     model.eval().to(device)
     feats, labels = [], []
-    for images, targets in loader:
+    for images, targets, *_ in loader:
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
             out = model.forward_head(model.forward_features(images.to(device)), pre_logits=True)
         feats.append(out.float().cpu())
@@ -33,7 +34,8 @@ def knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, t
     """Top-1 (%) of DINO's weighted k-NN: cosine similarity, the k nearest vote with weight exp(sim / T).
 
     Done in torch as DINO's eval_knn.py does it (one matrix product and a top-k per chunk of test images):
-    scikit-learn's brute-force neighbours with a Python weight function were 4x slower on the quickstart.
+    scikit-learn's brute-force neighbours with a Python weight function were 5.7x slower on the quickstart
+    (benchmarks/knn_speed.py).
     """
     if not 1 <= k <= 10_000:
         raise ValueError(f"k must be between 1 and 10000, got {k}")
@@ -69,8 +71,8 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     a folder holding train/<class>/ and val/<class>/. With `output`, writes OUTPUT/summary.json.
     """
     from resmlp import reporting
-    from resmlp.data import KINDS, build_dataset, heldout_split
-    from resmlp.evaluation import resolve_checkpoint
+    from resmlp.data import KINDS, ArrayDataset, build_dataset, heldout_split
+    from resmlp.evaluation import eval_batches_or_loader, resolve_checkpoint
     from resmlp.inference import load_for_inference
     from resmlp.runtime import resolve_device
 
@@ -88,7 +90,10 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     split_features = []
     for split in ("train", heldout_split(data)):
         dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
-        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+        # in-memory images already at the model's size are preprocessed in whole batches (exact, and ~10x faster
+        # than the per-image PIL transform that dominated eval-knn's time)
+        batched = (pre.batched_eval(*dataset.images.shape[1:3]) if isinstance(dataset, ArrayDataset) else None)
+        loader = eval_batches_or_loader(dataset, batched, batch_size, num_workers)
         if progress:
             from tqdm.auto import tqdm
 
