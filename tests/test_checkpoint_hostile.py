@@ -68,19 +68,15 @@ def test_a_timm_model_saved_by_resmlp_save_still_loads(tmp_path):
         assert torch.allclose(model(x), loaded(x))
 
 
-@pytest.mark.parametrize("config", ["null", "[1, 2]", '"resmlp"', "3"])
-def test_metadata_config_that_is_not_an_object_is_a_checkpoint_error(tmp_path, config):
+@pytest.mark.parametrize(("key", "value"), [
+    *(("config", v) for v in ("null", "[1, 2]", '"resmlp"', "3")),
+    *(("timm", v) for v in ("[]", '{"kwargs": {}}', '{"name": 3}', '{"name": "x", "kwargs": []}')),
+])
+def test_metadata_of_the_wrong_shape_is_a_checkpoint_error(tmp_path, key, value):
+    """'config' must be a JSON object, 'timm' a {"name": str, "kwargs": {...}} spec."""
     path = tmp_path / "m.safetensors"
-    _rewrite(path, config=config)
-    with pytest.raises(CheckpointError, match="metadata 'config' must be a JSON object"):
-        resmlp.load(path)
-
-
-@pytest.mark.parametrize("timm_spec", ["[]", '{"kwargs": {}}', '{"name": 3}', '{"name": "x", "kwargs": []}'])
-def test_a_malformed_timm_spec_is_a_checkpoint_error(tmp_path, timm_spec):
-    path = tmp_path / "m.safetensors"
-    _rewrite(path, timm=timm_spec)
-    with pytest.raises(CheckpointError, match="metadata 'timm' must be"):
+    _rewrite(path, **{key: value})
+    with pytest.raises(CheckpointError, match=f"metadata '{key}' must be"):
         resmlp.load(path)
 
 

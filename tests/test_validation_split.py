@@ -83,3 +83,23 @@ def test_fashion_mnist_has_no_val_split_to_evaluate(idx_dataset, tmp_path):
 
     with pytest.raises(ValueError, match="no official validation split"):
         build_dataset("fashion-mnist", "val", idx_dataset, 1)
+
+
+def test_every_split_of_a_permuted_run_sees_the_permutation(idx_dataset):
+    """The pixel permutation (the Mixer permutation experiment) reaches the carved validation images, the
+    training images and the k-NN memory alike, also on the per-image path (a crop: no batched evaluation)."""
+    import torch
+    from PIL import Image
+
+    cfg = load_config("fashion-mnist-quick", {**TINY, "data.dir": str(idx_dataset), "data.val_size": 32,
+                                              "data.permute": "global", "data.crop_pct": 0.875})
+    data = build_data(cfg.data, 1, 16, 0)
+    assert data.val_batched is None  # the crop keeps evaluation on the per-image transform
+    plain = build_data(load_config("fashion-mnist-quick", {**TINY, "data.dir": str(idx_dataset),
+                                                           "data.val_size": 32, "data.crop_pct": 0.875}).data,
+                       1, 16, 0)
+    image = Image.fromarray(data.val.images[0])
+    for split in ("val", "test", "train_eval"):
+        permuted, unpermuted = getattr(data, split).transform(image), getattr(plain, split).transform(image)
+        assert not torch.equal(permuted, unpermuted), split
+        assert torch.equal(permuted.flatten().sort().values, unpermuted.flatten().sort().values), split

@@ -107,12 +107,24 @@ def model_input(spec: str | ModelName, overrides: dict[str, Any] | None = None) 
         cfg = model_config(name.name, **{k: v for k, v in overrides.items() if k != "name"})
         return cfg.in_chans, cfg.img_size
     if name.kind == "file":
-        model = build_model(name)
-        cfg = getattr(model, "config", None)
+        cfg = _file_config(name.name)
         if cfg is None:
             return overrides.get("in_chans", 3), overrides.get("img_size", 224)
         return cfg.in_chans, overrides.get("img_size") or cfg.img_size
     return overrides.get("in_chans", 3), overrides.get("img_size", 224)
+
+
+def _file_config(path: str):
+    """A checkpoint's ResMLPConfig: from the safetensors header where ours holds it (no tensor is read), else
+    from the model built from the file (timm's and DeiT's files); None for a timm model's file."""
+    if path.endswith(".safetensors"):
+        from resmlp.checkpoint import read_header
+        from resmlp.models.resmlp import ResMLPConfig
+
+        header = read_header(path)
+        if "config" in header:
+            return ResMLPConfig.from_dict(header["config"])
+    return getattr(build_model(ModelName("file", path)), "config", None)
 
 
 class RepeatChannels(nn.Module):

@@ -134,6 +134,12 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.suffix != ".safetensors":
         return read_checkpoint(path)[1].get("extra", {})
+    return read_header(path).get("extra", {})
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """The decoded metadata ('config', 'timm', 'extra') of a .safetensors file, from its header alone."""
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
@@ -141,7 +147,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
             raw_meta = f.metadata() or {}
     except Exception as e:  # safetensors raises its own error types for bad headers and short files
         raise _unreadable(path, e) from None
-    return _decode_metadata(raw_meta, path).get("extra", {})
+    return _decode_metadata(raw_meta, path)
 
 
 # ------------------------------------------------------------------------------------------ configs

@@ -11,6 +11,7 @@ others go through timm's per-image transform in DataLoader workers.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,18 +69,19 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
                 pre.train_transform(d.scale, d.ratio, d.hflip, d.color_jitter, d.auto_augment, d.reprob))
     train = build_dataset(d.kind, "train", transform=train_tf, **common)
     eval_tf = pre.eval_transform()
-    train_eval = build_dataset(d.kind, "train", transform=eval_tf, **common)
     if d.kind in KINDS_WITH_VAL:
         val, validation = build_dataset(d.kind, "val", transform=eval_tf, **common), "the dataset's val split"
         test = _optional_test(d, eval_tf, common)
     elif d.val_size:
-        kept, held = stratified_split(train.labels, d.val_size, d.val_seed)
-        train, val, train_eval = train.subset(kept, train_tf), train.subset(held, eval_tf), train.subset(kept, eval_tf)
-        validation = f"{d.val_size} images carved from train (class-stratified, seed {d.val_seed})"
         test = build_dataset(d.kind, "test", transform=eval_tf, **common)
+        kept, held = stratified_split(train.labels, d.val_size, d.val_seed)
+        # the datasets' transforms carry the run's pixel permutation, if any (build_dataset adds it)
+        train, val = train.subset(kept, train.transform), train.subset(held, test.transform)
+        validation = f"{d.val_size} images carved from train (class-stratified, seed {d.val_seed})"
     else:
         val = test = build_dataset(d.kind, "test", transform=eval_tf, **common)
         validation = "the test split (data.val_size 0: model selection sees the test set)"
+    train_eval = _with_transform(train, val.transform)
     if train.class_names != val.class_names:
         raise ValueError(f"train and val classes differ: {len(train.class_names)} vs {len(val.class_names)} "
                          "classes; both splits need the same class folders")
@@ -95,6 +97,13 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
         test_batched = pre.batched_eval(*test.images.shape[1:3], after=permutation) if test is not None else None
     return RunData(train, val, test, train_eval, list(train.class_names), pre, validation, augment, val_batched,
                    test_batched)
+
+
+def _with_transform(dataset, transform):
+    """The same images with another transform: no second read of the files or scan of the folders."""
+    view = copy.copy(dataset)
+    view.transform = transform
+    return view
 
 
 def _optional_test(d: DataConfig, eval_tf, common: dict[str, Any]):

@@ -59,20 +59,20 @@ class Task:
 
     def evaluate(self, trainer: Trainer, model: nn.Module) -> tuple[dict[str, Any], float]:
         """End-of-epoch metrics (entries of the epoch's row) and the score that picks the best checkpoint."""
-        data, info = trainer.data, trainer.info
-        loader = eval_batches_or_loader(data.val, data.val_batched, trainer.micro_batch, self.cfg.data.num_workers,
-                                        info)
-        result = classify(model, loader, len(data.class_names), info.device, trainer.amp, info)
+        result = self._classify(trainer, model, trainer.data.val, trainer.data.val_batched)
         return dict(val_loss=result["loss"], val_top1=result["top1"], val_top5=result["top5"],
                     skipped_val_images=result["skipped"]), result["top1"]
 
     def test_scores(self, trainer: Trainer, model: nn.Module) -> dict[str, float]:
         """Scores of `model` on the test split, computed once at the end of a run (never for selection)."""
-        data, info = trainer.data, trainer.info
-        loader = eval_batches_or_loader(data.test, data.test_batched, trainer.micro_batch,
-                                        self.cfg.data.num_workers, info)
-        result = classify(model, loader, len(data.class_names), info.device, trainer.amp, info)
+        result = self._classify(trainer, model, trainer.data.test, trainer.data.test_batched)
         return dict(top1=result["top1"], top5=result["top5"])
+
+    def _classify(self, trainer: Trainer, model: nn.Module, dataset, batched) -> dict[str, Any]:
+        batches = eval_batches_or_loader(dataset, batched, trainer.micro_batch, self.cfg.data.num_workers,
+                                         trainer.info)
+        return classify(model, batches, len(trainer.data.class_names), trainer.info.device, trainer.amp,
+                        trainer.info)
 
     def model_to_save(self, trainer: Trainer) -> nn.Module:
         """The network evaluated and written to best/last.safetensors."""
@@ -137,9 +137,9 @@ class DistillationTask(SupervisedTask):
         teacher = load_teacher(kd.teacher, num_classes, in_chans, kd.weights, kd.allow_random_teacher)
         teacher = freeze(teacher.to(trainer.info.device))
         check_teacher(teacher, kd.teacher, num_classes, in_chans, img_size, trainer.info.device)
+        weights_file = kd.weights or (kd.teacher if Path(kd.teacher).is_file() else None)
         self.teacher_record = dict(spec=kd.teacher, weights=kd.weights,
-                                   weights_sha256=file_sha256(kd.weights or kd.teacher) if (
-                                       kd.weights or Path(kd.teacher).is_file()) else None)
+                                   weights_sha256=file_sha256(weights_file) if weights_file else None)
         self.teacher_model = teacher
         return DistillationLoss(supervised_loss(self.cfg, num_classes), teacher, kd.type, kd.alpha, kd.tau, kd.cache)
 
