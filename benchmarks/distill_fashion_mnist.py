@@ -24,6 +24,13 @@ TINY = {"data.kind": "synthetic", "data.synthetic_size": [256, 64], "schedule.ep
         "schedule.warmup_epochs": 0, "model.img_size": 28, "train.progress": False}
 
 
+def given_teacher(spec: str) -> dict:
+    """--teacher SPEC with its own test top-1 when it is a run's checkpoint (summary.json beside it)."""
+    summary = Path(spec).with_name("summary.json")
+    top1 = json.loads(summary.read_text())["test_top1"] if summary.is_file() else float("nan")
+    return {"checkpoint": spec, "test_top1": top1}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default=f"runs/bench-distill-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -38,8 +45,7 @@ def main() -> int:
     common = dict(TINY) if args.tiny else {}
     if args.epochs:
         common["schedule.epochs"] = args.epochs
-    teacher = ({"checkpoint": args.teacher, "test_top1": float("nan")} if args.teacher
-               else train("fashion-mnist-teacher", out / "teacher", common))
+    teacher = given_teacher(args.teacher) if args.teacher else train("fashion-mnist-teacher", out / "teacher", common)
     nan = {"test_top1": float("nan"), "wall_seconds": float("nan")}
     plain = nan if args.skip_plain else train("fashion-mnist-distill", out / "no-distill",
                                               {**common, "distill.teacher": None})

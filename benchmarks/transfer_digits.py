@@ -5,8 +5,9 @@
     nice -n 19 .venv/bin/python benchmarks/transfer_digits.py --tiny   # smoke run
 
 sklearn.datasets.load_digits (1797 8x8 images, 16 grey levels) is upsampled to 28x28 (bicubic) and
-written as an image folder (a fixed stratified 75/25 split). Both runs use the fashion-mnist-quick recipe
-on that folder with the same epochs; only the starting weights differ. OUTPUT/comparison.json.
+written as an image folder (fixed stratified splits: 25 % test, 15 % of the rest validation). Both runs
+use the fashion-mnist-quick recipe on that folder with the same epochs; only the starting weights differ.
+OUTPUT/comparison.json.
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ from resmlp.train import finetune, train
 
 
 def write_digits(root: Path, seed: int = 0) -> Path:
-    """load_digits as root/{train,val}/<digit>/<n>.png at 28x28."""
+    """load_digits as root/{train,val,test}/<digit>/<n>.png at 28x28: a fixed stratified 25 % test split (as
+    before validation existed) and 15 % of the rest as validation, which picks the checkpoint; test is read
+    once, at the end."""
     digits = load_digits()
     images = (digits.images * (255.0 / 16.0)).astype(np.uint8)
-    idx_train, idx_val = train_test_split(np.arange(len(images)), test_size=0.25, random_state=seed,
+    idx_rest, idx_test = train_test_split(np.arange(len(images)), test_size=0.25, random_state=seed,
                                           stratify=digits.target)
-    for split, indices in (("train", idx_train), ("val", idx_val)):
+    idx_train, idx_val = train_test_split(idx_rest, test_size=0.15, random_state=seed,
+                                          stratify=digits.target[idx_rest])
+    for split, indices in (("train", idx_train), ("val", idx_val), ("test", idx_test)):
         for i in indices:
             folder = root / split / str(digits.target[i])
             folder.mkdir(parents=True, exist_ok=True)

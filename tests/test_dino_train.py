@@ -70,3 +70,18 @@ def test_pretrain_cli(tmp_path, capsys):
     assert main(args + sets) == 0
     assert "k-NN top-1" in capsys.readouterr().out
     assert "knn_top1" in json.loads((tmp_path / "run" / "summary.json").read_text())
+
+
+def test_knn_evaluation_is_batched_exactly_and_shows_progress(tmp_path, capsys):
+    # the k-NN memory and queries go through the batched evaluation path where it is exact (in-memory
+    # images at the model's size), with a progress bar; the per-image path gives the same accuracy
+    scores = {}
+    for batched in (True, False):
+        cfg = load_config("dino-fashion-mnist", {**TINY, "train.progress": True, "data.batch_augment": batched})
+        task = DINOTask(cfg)
+        trainer = Trainer(cfg, tmp_path / f"run{batched}", CPU, False, task)
+        assert (trainer.data.val_batched is not None) == batched
+        capsys.readouterr()
+        scores[batched] = task.evaluate(trainer, task.teacher.module.backbone)[1]
+        assert "k-NN features (memory)" in capsys.readouterr().err
+    assert scores[True] == scores[False]

@@ -85,16 +85,18 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
     if train.class_names != val.class_names:
         raise ValueError(f"train and val classes differ: {len(train.class_names)} vs {len(val.class_names)} "
                          "classes; both splits need the same class folders")
-    batched = (d.batch_augment and train_transform is None and isinstance(train, ArrayDataset)
-               and not d.auto_augment and not d.color_jitter)
+    permutation = (PixelPermutation(d.permute, img_size, d.permute_patch, d.permute_seed)
+                   if d.permute != "none" else None)
     augment = val_batched = test_batched = None
-    if batched:
-        permutation = (PixelPermutation(d.permute, img_size, d.permute_patch, d.permute_seed)
-                       if d.permute != "none" else None)
+    if (d.batch_augment and train_transform is None and isinstance(train, ArrayDataset)
+            and not d.auto_augment and not d.color_jitter):
         augment = BatchAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip, d.reprob,
                                d.interpolation, after=permutation)
+    # evaluation is batched wherever it is exact, whatever the training augmentation (DINO's multi-crop too)
+    if d.batch_augment and isinstance(val, ArrayDataset):
         val_batched = pre.batched_eval(*val.images.shape[1:3], after=permutation)
-        test_batched = pre.batched_eval(*test.images.shape[1:3], after=permutation) if test is not None else None
+        test_batched = (pre.batched_eval(*test.images.shape[1:3], after=permutation)
+                        if isinstance(test, ArrayDataset) else None)
     return RunData(train, val, test, train_eval, list(train.class_names), pre, validation, augment, val_batched,
                    test_batched)
 

@@ -34,10 +34,11 @@ import torch.nn.functional as F
 from PIL import Image
 from timm.utils import ModelEmaV3
 from torch import nn
-from torch.utils.data import DataLoader
 from torchvision import transforms as T
 
 from resmlp import reporting
+from resmlp.data import ArrayDataset
+from resmlp.evaluation import eval_batches_or_loader
 from resmlp.train.config import TrainConfig
 from resmlp.train.probe import extract_features, knn_accuracy
 from resmlp.train.tasks import SupervisedTask
@@ -239,16 +240,29 @@ class DINOTask(SupervisedTask):
         return self.teacher.module.backbone
 
     def evaluate(self, trainer: Trainer, model: nn.Module) -> tuple[dict[str, Any], float]:
-        top1 = self._knn(trainer, model, trainer.data.val)
+        top1 = self._knn(trainer, model, trainer.data.val, trainer.data.val_batched)
         return dict(knn_top1=top1, skipped_val_images=0), top1
 
     def test_scores(self, trainer: Trainer, model: nn.Module) -> dict[str, float]:
-        return dict(knn_top1=self._knn(trainer, model, trainer.data.test))
+        return dict(knn_top1=self._knn(trainer, model, trainer.data.test, trainer.data.test_batched))
 
-    def _knn(self, trainer: Trainer, model: nn.Module, queries) -> float:
+    def _knn(self, trainer: Trainer, model: nn.Module, queries, queries_batched) -> float:
         """k-NN top-1 of `queries` with the training images (evaluation transform) as the memory."""
-        return knn_top1(model, trainer.data.train_eval, queries, trainer.micro_batch, self.cfg.data.num_workers,
-                        trainer.info.device, trainer.amp == "bf16", self.cfg.dino.knn_k, self.cfg.dino.knn_temperature)
+        data = trainer.data
+        memory_batched = data.val_batched if isinstance(data.train_eval, ArrayDataset) else None
+
+        def features(dataset, batched, name: str):
+            batches = eval_batches_or_loader(dataset, batched, trainer.micro_batch, self.cfg.data.num_workers)
+            if trainer.cfg.train.progress and trainer.info.is_main:
+                from tqdm.auto import tqdm
+
+                batches = tqdm(batches, total=math.ceil(len(dataset) / trainer.micro_batch), unit="batch",
+                               desc=f"k-NN features ({name})", dynamic_ncols=True, leave=False)
+            return extract_features(model, batches, trainer.info.device, trainer.amp == "bf16")
+
+        return knn_accuracy(*features(data.train_eval, memory_batched, "memory"),
+                            *features(queries, queries_batched, "queries"),
+                            self.cfg.dino.knn_k, self.cfg.dino.knn_temperature)
 
     def epoch_message(self, row: dict[str, Any], epochs: int) -> str:
         return f"epoch {row['epoch']}/{epochs}: DINO loss {row['train_loss']:.4f}, k-NN top-1 {row['knn_top1']:.2f}%"
@@ -262,14 +276,3 @@ class DINOTask(SupervisedTask):
         return dict(knn_top1=best["knn_top1"], test_knn_top1=selected_test and selected_test["knn_top1"],
                     final_test_knn_top1=final_test and final_test["knn_top1"])
 
-
-def knn_top1(backbone: nn.Module, memory, test, batch_size: int, num_workers: int, device: torch.device,
-             bf16: bool = False, k: int = 20, temperature: float = 0.07) -> float:
-    """DINO's weighted k-NN top-1 (%) of `backbone`'s pooled features: `memory` labelled, `test` classified."""
-    def features(dataset):
-        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
-        return extract_features(backbone, loader, device, bf16)
-
-    train_x, train_y = features(memory)
-    test_x, test_y = features(test)
-    return knn_accuracy(train_x, train_y, test_x, test_y, k, temperature)
