@@ -162,3 +162,18 @@ def test_folded_graph_for_torch_compile_equals_plain(monkeypatch, drop_path_rate
     fused, plain = make_pair(drop_path_rate=drop_path_rate)
     assert not uses_fused_step(fused)
     assert_same_training_step(fused, plain, torch.float64, 1e-10)
+
+
+@pytest.mark.parametrize("fused_step", [True, False])
+def test_trainer_follows_the_fused_step_setting(tmp_path, fused_step):
+    from resmlp.runtime import DistInfo
+    from resmlp.train.config import load_config
+    from resmlp.train.tasks import task_for
+    from resmlp.train.trainer import Trainer
+
+    cfg = load_config("fashion-mnist-quick", {
+        "data.kind": "synthetic", "data.synthetic_size": [32, 16], "model.img_size": 16, "model.dim": 16,
+        "model.depth": 1, "train.batch_size": 8, "train.compile": False, "train.progress": False,
+        "train.fused_step": fused_step})
+    trainer = Trainer(cfg, tmp_path / "run", DistInfo(1, 0, 0, torch.device("cpu")), False, task_for(cfg))
+    assert uses_fused_step(trainer.model.train()) == fused_step

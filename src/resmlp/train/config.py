@@ -138,6 +138,9 @@ class TrainSection:
     amp: str = "auto"  # auto (bf16 where the hardware has it) | bf16 | fp16 (GPU, with a scaler) | none
     compile: bool = False
     channels_last: bool = False
+    # the fused training step of the paper's block (resmlp.models.fused_block): same arithmetic, fewer
+    # passes over memory; false runs the plain blocks (for comparison or debugging)
+    fused_step: bool = True
     ema: bool = False  # evaluate and save an exponential moving average of the weights
     ema_decay: float = 0.99996
     seed: int = 0

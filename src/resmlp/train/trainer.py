@@ -33,6 +33,7 @@ from resmlp.data import ResumableSampler, SeededDataset, collate_skipping
 from resmlp.data.assemble import build_data
 from resmlp.data.batch_augment import array_batches
 from resmlp.hostinfo import host_info
+from resmlp.models.fused_block import set_fused_training
 from resmlp.runtime import DistInfo, all_reduce_sum, autocast, barrier, grad_scaler, resolve_amp, to_device
 from resmlp.train.config import TrainConfig
 from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
@@ -65,6 +66,7 @@ class Trainer:
             raise ValueError(f"model.num_classes={cfg.model['num_classes']} but the dataset has {num_classes} "
                              "classes; drop model.num_classes (it is taken from the data)")
         self.model: nn.Module = task.build_model(self, num_classes).to(device)
+        set_fused_training(self.model, t.fused_step)
         if t.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.sampler = ResumableSampler(self.data.train, t.seed, info.world_size, info.rank, cfg.data.repeated_aug)
