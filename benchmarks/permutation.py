@@ -27,12 +27,14 @@ from typing import Any
 import yaml
 
 from resmlp.fileio import atomic_write
+from resmlp.hostinfo import host_line
 from resmlp.train import train
 
 MODES = ("none", "patch", "global")
 MODE_NAMES = {"none": "identity", "patch": "patch shuffle + shared in-patch permutation",
               "global": "global pixel permutation"}
 PATCH = 4  # the ResMLP's patch size, and so the patch the `patch` mode keeps whole
+FASHION = "Fashion-MNIST (55k train, 5k validation carved from train, 10k test)"
 
 
 def recipe_for(model: str, convnet: str) -> dict[str, Any]:
@@ -40,7 +42,8 @@ def recipe_for(model: str, convnet: str) -> dict[str, Any]:
     raw = yaml.safe_load((resources.files("resmlp") / "recipes" / "fashion-mnist-quick.yaml").read_text())
     raw["recipe"] = "fashion-mnist-quick"
     if model == "convnet":
-        raw["model"] = {"name": convnet, "in_chans": 1, "img_size": 28}
+        name = convnet if ":" in convnet else f"timm:{convnet}"  # the model grammar's timm:NAME
+        raw["model"] = {"name": name, "in_chans": 1, "img_size": 28}
     return raw
 
 
@@ -73,11 +76,12 @@ def report(results: dict[tuple[str, str], list[float] | str], args: argparse.Nam
         "```",
         "",
         f"Budget: {args.epochs} epoch(s) per run (recipe fashion-mnist-quick), seeds {args.seeds}, data: "
-        f"{'synthetic (smoke test, NOT Fashion-MNIST)' if args.synthetic else 'Fashion-MNIST (60k train, 10k test)'}; "
+        f"{'synthetic (smoke test, NOT Fashion-MNIST)' if args.synthetic else FASHION}; "
         f"permutation seed 0, patch {PATCH}. Training time summed over the runs: {seconds / 60:.1f} min (shared "
-        "2-core CPU, nice 19).",
+        f"2-core CPU, nice 19); {host_line()}; precision: the recipe's amp: auto (bf16 where native).",
         "",
-        "Top-1: test accuracy of the best epoch (%), mean over seeds (± half the range with 2+ seeds). "
+        "Top-1: test accuracy (%) of the checkpoint selected on the validation split (with one epoch: the only "
+        "one), mean over seeds (± half the range with 2+ seeds). "
         "Drop: identity minus the mode (positive = the permutation hurts).",
         "",
         "| model | mode | top-1 (%) | drop vs identity |",
