@@ -26,11 +26,13 @@ from typing import Any
 
 from resmlp.complexity import complexity
 from resmlp.fileio import atomic_write
+from resmlp.hostinfo import host_line
 from resmlp.train import train
 from resmlp.train.config import load_config
 
 PAPER_BASELINE = 76.6  # ResMLP-S12, DeiT-style training, ImageNet top-1 (Table 3)
 DEIT, OLD = "fashion-mnist-deit", "fashion-mnist-old-fashioned"
+FASHION = "Fashion-MNIST (55k train, 5k validation carved from train, 10k test)"
 
 
 @dataclass(frozen=True)
@@ -122,11 +124,12 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
         "```",
         "",
         f"Budget: {args.epochs} epoch(s) per run, seeds {args.seeds}, data: "
-        f"{'synthetic (smoke test, NOT Fashion-MNIST)' if args.synthetic else 'Fashion-MNIST (60k train, 10k test)'}. "
+        f"{'synthetic (smoke test, NOT Fashion-MNIST)' if args.synthetic else FASHION}. "
         f"Training time, summed over the runs shown: {total / 60:.1f} min on this machine (shared 2-core CPU, "
-        "run at nice 19).",
+        f"run at nice 19); {host_line()}; precision: the recipes' amp: auto (bf16 where native).",
         "",
-        "Top-1 is the test accuracy of the best epoch (%), mean ± half the range over seeds. Delta is the row's "
+        "Top-1 is the test accuracy (%) of the checkpoint selected on the validation split (with one epoch: the "
+        "only one), mean ± half the range over seeds. Delta is the row's "
         "mean minus the baseline's mean; the paper's delta is its Table 3 top-1 minus ResMLP-S12's 76.6 "
         "(ImageNet, 400 epochs). Rule: **agrees** if the delta has the paper's sign and |delta| exceeds the "
         "noise (the row's half-range plus the baseline's); **disagrees** if the sign is opposite and |delta| "
@@ -157,10 +160,10 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
     missing = [v.label for v in VARIANTS if v.label not in results]
     if missing:
         lines += ["", f"Not in this report (not run): {', '.join(missing)}."]
-    lines += ["", "Per run (label, seed, top-1, best epoch, train wall seconds):", ""]
+    lines += ["", "Per run (label, seed, test top-1, selected epoch, train wall seconds):", ""]
     for v in variants:
         for r in results[v.label]:
-            lines.append(f"- {v.label} seed {r['seed']}: {r['test_top1']:.2f}% (epoch {r['best_epoch']}), "
+            lines.append(f"- {v.label} seed {r['seed']}: {r['test_top1']:.2f}% (epoch {r['selected_epoch']}), "
                          f"{r['wall_seconds']:.0f} s")
     return "\n".join(lines) + "\n"
 
