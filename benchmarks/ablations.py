@@ -79,7 +79,7 @@ def run_overrides(v: Variant, epochs: int, seed: int, synthetic: bool) -> dict[s
     o.update({f"model.{k}": value for k, value in v.model.items()})
     if synthetic:  # the smoke test: a small learnable dataset of the same shape, no Fashion-MNIST files
         o.update({"data.kind": "synthetic", "data.synthetic_size": [512, 128], "data.synthetic_classes": 10,
-                  "data.num_workers": 0})
+                  "data.num_workers": 0, "train.compile": False})
     return o
 
 

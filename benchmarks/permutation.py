@@ -57,7 +57,7 @@ def run_one(model: str, mode: str, seed: int, args: argparse.Namespace) -> dict[
                                  "data.permute": mode, "data.permute_patch": PATCH, "data.permute_seed": 0}
     if args.synthetic:
         overrides.update({"data.kind": "synthetic", "data.synthetic_size": [512, 128],
-                          "data.synthetic_classes": 10, "data.num_workers": 0})
+                          "data.synthetic_classes": 10, "data.num_workers": 0, "train.compile": False})
     resume = (out / "last.pth").exists()
     print(f"[run] {model} {mode} seed {seed}{' (resuming)' if resume else ''} -> {out}", flush=True)
     return train(recipe_for(model, args.convnet), out, overrides=overrides, resume=resume)

@@ -54,11 +54,12 @@ def main() -> int:
     data_dir = write_digits(out / "digits")
     source = args.source
     if source is None:
-        tiny_src = {"data.kind": "synthetic", "schedule.epochs": 1, "schedule.warmup_epochs": 0} if args.tiny else {}
+        tiny_src = ({"data.kind": "synthetic", "schedule.epochs": 1, "schedule.warmup_epochs": 0,
+                     "train.compile": False} if args.tiny else {})
         source = train("fashion-mnist-quick", out / "source", {**tiny_src, "train.progress": False})["checkpoint"]
     digits = {"data.kind": "folder", "data.dir": str(data_dir), "data.hflip": 0.0,  # digits are not symmetric
               "data.num_workers": 0, "schedule.epochs": 1 if args.tiny else args.epochs, "train.batch_size": 64,
-              "train.progress": False}
+              "train.progress": False, **({"train.compile": False} if args.tiny else {})}
     scratch = train("fashion-mnist-quick", out / "scratch", digits)
     tuned = finetune(source, "fashion-mnist-quick", out / "finetune", digits)
     result = {"scratch_top1": scratch["test_top1"], "finetune_top1": tuned["test_top1"],

@@ -1,5 +1,6 @@
 """Smoke runs of the study scripts in benchmarks/ on synthetic data: they train, and write their tables."""
 
+import json
 import os
 import subprocess
 import sys
@@ -27,3 +28,16 @@ def test_ablation_benchmark_writes_its_table(tmp_path):
     subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
     text = report.read_text()
     assert "| baseline |" in text and "| cross-none |" in text and "selected on the validation split" in text
+
+
+def test_transfer_benchmark_selects_on_validation_and_scores_test(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "benchmarks" / "transfer_digits.py"), "--tiny", "--output", str(tmp_path / "t")]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
+    for run in ("scratch", "finetune"):
+        summary = json.loads((tmp_path / "t" / run / "summary.json").read_text())
+        assert summary["validation"] == "the dataset's val split" and summary["test_top1"] is not None
+    digits = tmp_path / "t" / "digits"
+    sizes = {split: sum(1 for _ in (digits / split).rglob("*.png")) for split in ("train", "val", "test")}
+    assert sizes == {"train": 1144, "val": 203, "test": 450}  # 1,797 digits: 25 % test, 15 % of the rest val
