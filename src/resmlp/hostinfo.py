@@ -29,8 +29,16 @@ def cpu_model() -> str:
 
 
 def native_bf16() -> bool:
-    """True where bf16 matrix products run natively on the CPU (AVX-512 BF16 or AMX), not emulated."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    """True where bf16 matrix products run natively on the CPU (AVX-512 BF16 or AMX), not emulated.
+
+    The CPU's flags alone are not enough: with its kernels restricted to AVX2 (`ATEN_CPU_CAPABILITY=avx2`,
+    `ONEDNN_MAX_CPU_ISA=AVX2`, the way to rehearse an AVX2-only host on a newer CPU) bf16 is emulated, so
+    the process behaves as an AVX2 host does, `amp: auto` included.
+    """
+    flags = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    restricted = (torch.backends.cpu.get_cpu_capability() != "AVX512"
+                  or os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() in ("SSE41", "AVX", "AVX2", "AVX2_VNNI"))
+    return bool(flags and not restricted)
 
 
 def usable_cores() -> int:

@@ -22,6 +22,7 @@ from torch import nn
 
 from resmlp.errors import CheckpointError
 from resmlp.folding import FusedBlock, fuse
+from resmlp.hostinfo import native_bf16
 from resmlp.models.resmlp import ResMLP
 from resmlp.preprocess import Preprocess
 
@@ -140,7 +141,7 @@ def native_bf16_available(device: torch.device | str = "cpu") -> bool:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return native_bf16()
 
 
 def optimize(model: nn.Module, precision: str = "fp32", compile: bool = False) -> nn.Module:

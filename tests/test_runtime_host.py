@@ -1,0 +1,70 @@
+"""Host facts that decide behaviour: native bf16 (hence `amp: auto`) and the default thread count."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from resmlp import hostinfo, runtime
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch):
+    """A CPU whose flags say AVX-512 BF16, whatever this host is."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+
+
+def test_auto_precision_is_bf16_only_where_bf16_is_native(bf16_cpu, monkeypatch):
+    assert hostinfo.native_bf16() and runtime.resolve_amp("auto", CPU) == "bf16"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert not hostinfo.native_bf16() and runtime.resolve_amp("auto", CPU) == "none"
+
+
+@pytest.mark.parametrize("restriction", ["aten", "onednn"])
+def test_kernels_restricted_to_avx2_behave_as_an_avx2_host(bf16_cpu, monkeypatch, restriction):
+    # ATEN_CPU_CAPABILITY=avx2 / ONEDNN_MAX_CPU_ISA=AVX2 rehearse an AVX2-only host: bf16 is emulated there
+    if restriction == "aten":
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert not hostinfo.native_bf16()
+    assert runtime.resolve_amp("auto", CPU) == "none"
+    assert hostinfo.host_info("none")["native_bf16"] is False
+
+
+def test_explicit_precision_is_kept_and_bad_ones_are_explained():
+    assert runtime.resolve_amp("bf16", CPU) == "bf16" and runtime.resolve_amp("none", CPU) == "none"
+    with pytest.raises(ValueError, match="fp16 needs a GPU"):
+        runtime.resolve_amp("fp16", CPU)
+    with pytest.raises(ValueError, match="amp must be one of"):
+        runtime.resolve_amp("fp8", CPU)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux-only")
+def test_default_threads_share_the_usable_cores_among_local_processes(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(hostinfo, "Path", lambda p: tmp_path / "no-cgroup")  # no quota file: affinity decides
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert runtime.default_threads() == 8
+    assert runtime.default_threads(local_world_size=2) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert runtime.default_threads() == 2  # torchrun's processes on this machine split the cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    assert runtime.default_threads() == 1  # never zero
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux-only")
+def test_a_cgroup_cpu_quota_caps_the_usable_cores(monkeypatch, tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: one whole core
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(hostinfo, "Path", lambda p: tmp_path / "cpu.max")
+    assert hostinfo.usable_cores() == 1
+    (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota
+    assert hostinfo.usable_cores() == 8
