@@ -9,9 +9,11 @@ other processes hits both alike) and reports the medians and their ratio; the tw
 The reference is the earlier implementation, rewritten here: scikit-learn's brute-force KNeighborsClassifier
 on cosine distance with the vote weight exp((1 - d) / T) = exp(sim / T) as a Python function.
 
-With --command-rounds N it also times the whole command `resmlp eval-knn CHECKPOINT --threads T` (feature
-extraction included) N times each way, interleaved: the old path is the same command with knn_accuracy
-replaced by the reference.
+With --command-rounds N it also times the whole command `resmlp eval-knn CHECKPOINT --threads T` (start-up,
+data, feature extraction and k-NN) N times each way, interleaved: `--amp none` (fp32 features) and `--amp auto`
+(bf16 where the CPU has native bf16), and with --baseline-src DIR the same command run from an earlier
+checkout's src/ (e.g. `git worktree add /tmp/before a91b82f`, the code before the k-NN, batching and
+feature-path changes), each with its top-1.
 """
 
 from __future__ import annotations
@@ -74,25 +76,34 @@ def compare_functions(feats: list[np.ndarray], rounds: int, k: int, temperature:
     return {"seconds": seconds, "top1": top1}
 
 
-def compare_commands(checkpoint: Path, data: str, rounds: int, threads: int) -> dict:
-    """Whole `resmlp eval-knn` runs, new code and old code (knn_accuracy swapped for the reference)."""
-    args = [str(checkpoint), "--data", data, "--threads", str(threads)]
-    swap = ("import sys, resmlp.train.probe as probe; sys.path.insert(0, {here!r}); import knn_speed; "
-            "probe.knn_accuracy = knn_speed.sklearn_knn_accuracy; from resmlp.cli import main; "
-            "sys.exit(main({args!r}))").format(here=str(Path(__file__).parent), args=["eval-knn", *args])
-    commands = {"torch": [sys.executable, "-m", "resmlp", "eval-knn", *args],
-                "scikit-learn": [sys.executable, "-c", swap]}
+def compare_commands(checkpoint: Path, data: str, rounds: int, threads: int, baseline_src: str | None) -> dict:
+    """Whole `resmlp eval-knn` runs: fp32 and auto features, and the earlier code when a checkout is given."""
+    args = ["eval-knn", str(checkpoint), "--data", data, "--threads", str(threads)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads)}
+    commands = {"fp32": ([sys.executable, "-m", "resmlp", *args, "--amp", "none"], env),
+                "auto": ([sys.executable, "-m", "resmlp", *args, "--amp", "auto"], env)}
+    if baseline_src:
+        commands["earlier code"] = ([sys.executable, "-m", "resmlp", *args],
+                                    {**env, "PYTHONPATH": str(Path(baseline_src, "src").resolve())})
     seconds = {name: [] for name in commands}
-    top1 = {}
+    top1, precision = {}, {}
     for r in range(rounds):
         for name in (list(commands) if r % 2 == 0 else list(commands)[::-1]):
+            command, command_env = commands[name]
             start = time.perf_counter()
-            done = subprocess.run(commands[name], env=env, capture_output=True, text=True, check=True)
+            done = subprocess.run(command, env=command_env, capture_output=True, text=True, check=True)
             seconds[name].append(time.perf_counter() - start)
-            top1[name] = json.loads(done.stdout.strip().splitlines()[-1])["knn_top1"]
-    return {"seconds": seconds, "top1": top1}
+            summary = json.loads(done.stdout.strip().splitlines()[-1])
+            top1[name], precision[name] = summary["knn_top1"], summary.get("precision", "fp32")
+    med = {name: statistics.median(s) for name, s in seconds.items()}
+    print(f"resmlp eval-knn {checkpoint} --threads {threads}, {rounds} interleaved rounds (whole command)")
+    for name, s in seconds.items():
+        versus = (f", {med['earlier code'] / med[name]:.2f}x faster than the earlier code"
+                  if baseline_src and name != "earlier code" else "")
+        print(f"  {name:12s} ({precision[name]}) median {med[name]:6.2f} s (rounds: "
+              f"{', '.join(f'{x:.2f}' for x in s)}), top-1 {top1[name]:.2f} %{versus}")
+    return {"seconds": seconds, "median_seconds": med, "top1": top1, "precision": precision}
 
 
 def report(title: str, result: dict) -> dict:
@@ -117,6 +128,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--command-rounds", type=int, default=0, help="also time the whole command (default: no)")
+    parser.add_argument("--baseline-src", metavar="DIR", help="an earlier checkout to time the same command from")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     checkpoint = resolve_checkpoint(args.checkpoint)
@@ -128,9 +140,8 @@ def main() -> None:
         results = {"k-NN only": report(f"k-NN only (k={args.k}, T={args.temperature}), {args.rounds} rounds",
                                        compare_functions(feats, args.rounds, args.k, args.temperature))}
     if args.command_rounds:
-        results["command"] = report(f"resmlp eval-knn {checkpoint} --threads {args.threads}, "
-                                    f"{args.command_rounds} rounds",
-                                    compare_commands(checkpoint, args.data, args.command_rounds, args.threads))
+        results["command"] = compare_commands(checkpoint, args.data, args.command_rounds, args.threads,
+                                              args.baseline_src)
     if args.json:
         Path(args.json).write_text(json.dumps({"host": host_info("fp32"), **results}, indent=1))
 

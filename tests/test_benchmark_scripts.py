@@ -41,3 +41,25 @@ def test_transfer_benchmark_selects_on_validation_and_scores_test(tmp_path):
     digits = tmp_path / "t" / "digits"
     sizes = {split: sum(1 for _ in (digits / split).rglob("*.png")) for split in ("train", "val", "test")}
     assert sizes == {"train": 1144, "val": 203, "test": 450}  # 1,797 digits: 25 % test, 15 % of the rest val
+
+
+def test_knn_speed_benchmark_times_both_precisions_and_an_earlier_checkout(tmp_path):
+    import torch
+
+    import resmlp
+
+    root = Path(__file__).resolve().parents[1]
+    torch.manual_seed(0)
+    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=0, dim=32, depth=1)
+    meta = {"preprocess": {"img_size": 16, "crop_pct": 1.0, "interpolation": "bicubic", "mean": [0.5],
+                           "std": [0.25], "in_chans": 1}}
+    resmlp.save(model, tmp_path / "m.safetensors", meta)
+    out = tmp_path / "knn.json"
+    # this checkout stands in for the earlier one: the script only needs DIR/src to hold a resmlp package
+    cmd = [sys.executable, str(root / "benchmarks" / "knn_speed.py"), str(tmp_path / "m.safetensors"), "--data",
+           "synthetic", "--rounds", "1", "--command-rounds", "1", "--baseline-src", str(root), "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
+    command = json.loads(out.read_text())["command"]
+    assert set(command["seconds"]) == {"fp32", "auto", "earlier code"}
+    assert command["precision"]["fp32"] == "fp32" and command["top1"]["fp32"] == command["top1"]["earlier code"]

@@ -9,7 +9,7 @@ import torch
 from conftest import TINY, build_fast
 from PIL import Image
 
-from resmlp.inference import CastingWrapper, TokenMajorResMLP, optimize, predict
+from resmlp.inference import CastingWrapper, PreLogits, TokenMajorResMLP, optimize, optimize_features, predict
 from resmlp.models.resmlp import ResMLPConfig
 from resmlp.preprocess import Preprocess
 
@@ -28,6 +28,42 @@ def test_fp32_equals_the_model(overrides):
         want = model(x)
         assert want.std() > 0.1  # trained-like weights: a folding mistake would show
         torch.testing.assert_close(fast(x), want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", TOKEN_MAJOR + GENERIC + [dict(num_classes=0)])
+def test_features_equal_the_models_pre_logits_and_leave_it_unchanged(overrides):
+    model = build_fast(ResMLPConfig(**TINY).replace(**overrides), seed=4)
+    head = model.head
+    fast = optimize_features(model, "fp32")
+    assert model.head is head  # the identity head went into the copy only
+    if overrides in TOKEN_MAJOR:
+        assert isinstance(fast, TokenMajorResMLP)  # the final Affine folded into the identity: fast path kept
+    x = torch.randn(6, 3, 32, 32)
+    with torch.no_grad():
+        want = model.forward_head(model.forward_features(x), pre_logits=True)
+        assert want.shape == (6, 32) and want.std() > 0.1
+        torch.testing.assert_close(fast(x), want, atol=1e-4, rtol=0)
+
+
+def test_bf16_features_stay_close_in_cosine_and_other_models_use_their_own_pre_logits():
+    model = build_fast(ResMLPConfig(**TINY).replace(depth=4), seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the no-native-bf16 warning on CPUs without AVX-512 BF16
+        fast = optimize_features(model, "bf16")
+    x = torch.randn(64, 3, 32, 32)
+    with torch.no_grad():
+        want, got = model.forward_head(model.forward_features(x), pre_logits=True), fast(x)
+    assert got.dtype == torch.float32
+    # k-NN compares directions: bf16 (8-bit mantissa) keeps each feature vector's direction to ~1e-2
+    assert torch.nn.functional.cosine_similarity(got, want).min() > 0.99
+    convnet = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
+    convnet.forward_features = convnet.forward
+    convnet.forward_head = lambda t, pre_logits=False: t.mean((2, 3))
+    wrapped = optimize_features(convnet, "fp32")
+    assert isinstance(wrapped, PreLogits)
+    torch.testing.assert_close(wrapped(x), convnet(x).mean((2, 3)))
+    with pytest.raises(ValueError, match="fp32 or bf16"):
+        optimize_features(model, "int8")
 
 
 def test_token_major_model_keeps_the_input_checks():

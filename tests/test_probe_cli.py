@@ -35,4 +35,25 @@ def test_cli_on_a_checkpoint_whose_features_separate_the_synthetic_set(tmp_path,
                      str(out)]) == 0
         summary = json.loads((out / "summary.json").read_text())
         assert summary[key] >= 95, summary
+        assert summary["precision"] == summary["host"]["precision"] in ("fp32", "bf16")  # what produced it
         assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])[key] == summary[key]
+
+
+def test_feature_precision_is_the_one_asked_for_and_fp32_matches_the_plain_model(tmp_path, capsys):
+    from resmlp.train.probe import extract_features
+
+    torch.manual_seed(1)
+    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=3, dim=32, depth=2)
+    images, labels = torch.randn(40, 1, 16, 16), torch.arange(40) % 3
+    feats, got_labels = extract_features(model, [(images[:25], labels[:25]), (images[25:], labels[25:])])
+    with torch.no_grad():
+        want = model.forward_head(model.forward_features(images), pre_logits=True)
+    np.testing.assert_allclose(feats, want.numpy(), atol=1e-4)
+    assert (got_labels == labels.numpy()).all() and model.training is False
+    meta = {"preprocess": {"img_size": 16, "crop_pct": 1.0, "interpolation": "bicubic", "mean": [0.5],
+                           "std": [0.25], "in_chans": 1}}
+    resmlp.save(model, tmp_path / "m.safetensors", meta)
+    assert main(["eval-knn", str(tmp_path / "m.safetensors"), "--data", "synthetic", "--amp", "none",
+                 "--output", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["precision"] == "fp32" and summary["host"]["cpu_capability"]

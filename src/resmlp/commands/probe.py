@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_threads_argument(p)
         p.add_argument("--batch-size", type=int, default=256)
         p.add_argument("--device", default="auto")
+        p.add_argument("--amp", choices=("auto", "bf16", "none"), default="auto",
+                       help="features' precision: auto = bf16 where the hardware has it (as `resmlp eval`), else fp32")
         if method == "knn":
             p.add_argument("--k", type=int, default=20, help="neighbours (default 20)")
             p.add_argument("--temperature", type=float, default=0.07, help="vote weight exp(sim/T) (default 0.07)")
@@ -35,6 +37,6 @@ def run_probe(args: argparse.Namespace) -> int:
     extra = dict(k=args.k, temperature=args.temperature) if args.method == "knn" else {}
     with process_settings(args.threads):
         summary = frozen_feature_eval(args.checkpoint, args.method, args.data, args.data_dir, args.output,
-                                      args.batch_size, device=args.device, progress=True, **extra)
+                                      args.batch_size, device=args.device, progress=True, amp=args.amp, **extra)
     print(json.dumps(summary))
     return 0

@@ -258,7 +258,8 @@ class DINOTask(SupervisedTask):
 
                 batches = tqdm(batches, total=math.ceil(len(dataset) / trainer.micro_batch), unit="batch",
                                desc=f"k-NN features ({name})", dynamic_ncols=True, leave=False)
-            return extract_features(model, batches, trainer.info.device, trainer.amp == "bf16")
+            return extract_features(model, batches, trainer.info.device,
+                                    "bf16" if trainer.amp == "bf16" else "fp32")
 
         return knn_accuracy(*features(data.train_eval, memory_batched, "memory"),
                             *features(queries, queries_batched, "queries"),

@@ -8,23 +8,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 from torch.utils.data import DataLoader
 
+from resmlp.inference import optimize_features
 
-@torch.no_grad()
+
+@torch.inference_mode()
 def extract_features(model: torch.nn.Module, loader: DataLoader, device: torch.device | str = "cpu",
-                     bf16: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                     precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
     """Pooled pre-logits features (the representation DINO evaluates) and labels of a whole loader
-    ((images, targets) or (images, targets, skipped) batches)."""
-    model.eval().to(device)
+    ((images, targets) or (images, targets, skipped) batches), computed on inference.optimize_features'
+    fast path in `precision` (fp32 or bf16); `model` itself is left as it was."""
+    features = optimize_features(model.eval(), precision).to(device)
     feats, labels = [], []
     for images, targets, *_ in loader:
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
-            out = model.forward_head(model.forward_features(images.to(device)), pre_logits=True)
-        feats.append(out.float().cpu())
+        feats.append(features(images.to(device)).cpu())
         labels.append(targets)
     return torch.cat(feats).numpy(), torch.cat(labels).numpy()
 
@@ -55,6 +53,11 @@ def knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, t
 def linear_probe_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
                           max_iter: int = 1000) -> float:
     """Top-1 (%) of a multinomial logistic regression on standardised frozen features."""
+    # imported here: scikit-learn takes seconds to import and eval-knn / DINO's k-NN don't need it
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
     probe.fit(train_x, train_y)
     return float((probe.predict(test_x) == test_y).mean() * 100)
@@ -63,18 +66,21 @@ def linear_probe_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.n
 def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str = "fashion-mnist",
                         data_dir: str | Path | None = None, output: str | Path | None = None, batch_size: int = 256,
                         num_workers: int = 2, device: str = "auto", k: int = 20,
-                        temperature: float = 0.07, progress: bool = False) -> dict[str, Any]:
+                        temperature: float = 0.07, progress: bool = False, amp: str = "auto") -> dict[str, Any]:
     """k-NN (`knn_top1`) or linear-probe (`linear_top1`) accuracy of any checkpoint's frozen features.
 
     The training split is the memory / probe training set, the test split (folders: val) is classified;
     both with the checkpoint's evaluation preprocessing. data: a dataset kind or
-    a folder holding train/<class>/ and val/<class>/. With `output`, writes OUTPUT/summary.json.
+    a folder holding train/<class>/ and val/<class>/. amp: the features' precision as `resmlp eval`'s
+    (auto = bf16 where the hardware has it, else fp32; bf16 or none). With `output`, writes
+    OUTPUT/summary.json, host and precision included.
     """
     from resmlp import reporting
     from resmlp.data import KINDS, ArrayDataset, build_dataset, heldout_split
     from resmlp.evaluation import eval_batches_or_loader, resolve_checkpoint
+    from resmlp.hostinfo import host_info
     from resmlp.inference import load_for_inference
-    from resmlp.runtime import resolve_device
+    from resmlp.runtime import resolve_amp, resolve_device
 
     if method not in ("knn", "linear"):
         raise ValueError(f"method must be knn or linear, got {method!r}")
@@ -86,6 +92,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
         data, data_dir = "folder", data
     pre, model = loaded.preprocess, loaded.model
     torch_device = resolve_device(device)
+    precision = "bf16" if resolve_amp(amp, torch_device) == "bf16" else "fp32"
     start = time.perf_counter()
     split_features = []
     for split in ("train", heldout_split(data)):
@@ -98,14 +105,15 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
             from tqdm.auto import tqdm
 
             loader = tqdm(loader, desc=f"features {split}", unit="batch", dynamic_ncols=True)
-        split_features += extract_features(model, loader, torch_device)
+        split_features += extract_features(model, loader, torch_device, precision)
     if method == "knn":
         key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)
     else:
         key, top1 = "linear_top1", linear_probe_accuracy(*split_features)
     summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": data,
                "train_images": len(split_features[1]), "test_images": len(split_features[3]),
-               "feature_dim": int(split_features[0].shape[1]), "wall_seconds": round(time.perf_counter() - start, 1)}
+               "feature_dim": int(split_features[0].shape[1]), "wall_seconds": round(time.perf_counter() - start, 1),
+               "precision": precision, "host": host_info(precision)}
     if method == "knn":
         summary.update(k=k, temperature=temperature)
     if output is not None:
