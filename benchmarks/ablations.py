@@ -113,6 +113,7 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
     total = sum(r["wall_seconds"] for runs in results.values() for r in runs)
     top1 = {label: [r["test_top1"] for r in runs] for label, runs in results.items()}
     base = top1.get("baseline")
+    precisions = sorted({str(r.get("amp", "not recorded")) for runs in results.values() for r in runs})
     lines = [
         "# Ablations at small scale (Fashion-MNIST) beside the paper's Table 3",
         "",
@@ -120,13 +121,14 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
         "",
         "```",
         # --report-only rebuilds the same table: show the command that trains (or skips) the runs
-        "nice -n 19 .venv/bin/python " + shlex.join(a for a in sys.argv if a != "--report-only"),
+        ".venv/bin/python " + shlex.join(a for a in sys.argv if a != "--report-only"),
         "```",
         "",
         f"Budget: {args.epochs} epoch(s) per run, seeds {args.seeds}, data: "
         f"{'synthetic (smoke test, NOT Fashion-MNIST)' if args.synthetic else FASHION}. "
-        f"Training time, summed over the runs shown: {total / 60:.1f} min on this machine (shared 2-core CPU, "
-        f"run at nice 19); {host_line()}; precision: the recipes' amp: auto (bf16 where native).",
+        f"Training time, summed over the runs shown: {total / 60:.1f} min; this report's {host_line()} (each run's "
+        f"own host is in its summary.json); "
+        f"precision of the runs (their summary.json `amp`): {', '.join(precisions)}.",
         "",
         "Top-1 is the test accuracy (%) of the checkpoint selected on the validation split (with one epoch: the "
         "only one), mean ± half the range over seeds. Delta is the row's "

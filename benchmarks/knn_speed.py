@@ -33,7 +33,7 @@ from sklearn.neighbors import KNeighborsClassifier
 from threadpoolctl import threadpool_limits
 from torch.utils.data import DataLoader
 
-from resmlp.data import build_dataset
+from resmlp.data import build_dataset, heldout_split
 from resmlp.evaluation import resolve_checkpoint
 from resmlp.hostinfo import host_info
 from resmlp.inference import load_for_inference
@@ -52,7 +52,7 @@ def sklearn_knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.nd
 def features(checkpoint: Path, data: str) -> list[np.ndarray]:
     loaded = load_for_inference(checkpoint, dataset=data)
     pre, out = loaded.preprocess, []
-    for split in ("train", "val"):
+    for split in ("train", heldout_split(data)):
         dataset = build_dataset(data, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
         out += extract_features(loaded.model, DataLoader(dataset, batch_size=256, num_workers=0))
     return out

@@ -68,3 +68,19 @@ def test_a_cgroup_cpu_quota_caps_the_usable_cores(monkeypatch, tmp_path):
     assert hostinfo.usable_cores() == 1
     (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota
     assert hostinfo.usable_cores() == 8
+
+
+def test_restricted_cpu_kernels_get_a_compile_cache_of_their_own(monkeypatch):
+    # inductor's cache key ignores ATEN_CPU_CAPABILITY; sharing the cache across it corrupted the heap here
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what torch sets on import
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    runtime.compile_module(torch.nn.Linear(2, 2))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir()  # unrestricted: torch's default
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    compiled = runtime.compile_module(torch.nn.Linear(2, 2))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2") and hasattr(compiled, "_orig_mod")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")
+    runtime.compile_module(torch.nn.Linear(2, 2))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"  # the user's choice wins

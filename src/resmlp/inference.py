@@ -25,6 +25,7 @@ from resmlp.folding import FusedBlock, fuse
 from resmlp.hostinfo import native_bf16
 from resmlp.models.resmlp import ResMLP
 from resmlp.preprocess import Preprocess
+from resmlp.runtime import compile_module
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -159,7 +160,7 @@ def optimize(model: nn.Module, precision: str = "fp32", compile: bool = False) -
             raise ValueError(f"precision {precision} is for ResMLP/Mixer models; this checkpoint holds a "
                              f"{type(model).__name__}: use --precision fp32")
         fast = CastingWrapper(model.float()).eval().requires_grad_(False)
-        return torch.compile(fast) if compile else fast
+        return compile_module(fast) if compile else fast
     device = model.stem.proj.weight.device
     fused = fuse(model).float()
     # int8 quantises nn.Linear modules, which the token-major blocks (raw in-place products) don't use
@@ -180,7 +181,7 @@ def optimize(model: nn.Module, precision: str = "fp32", compile: bool = False) -
                              "use precision='bf16' on GPU")
         fast = _quantize_linears(fast)
     if compile:
-        fast = torch.compile(fast)
+        fast = compile_module(fast)
     return fast
 
 

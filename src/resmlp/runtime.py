@@ -113,6 +113,24 @@ def grad_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler | None:
     return torch.amp.GradScaler(device.type) if amp == "fp16" else None
 
 
+# ------------------------------------------------------------------------------------------ compile
+def compile_module(module: torch.nn.Module) -> torch.nn.Module:
+    """torch.compile(module), with a kernel cache of its own when the CPU kernels are restricted
+    (ATEN_CPU_CAPABILITY=avx2, the way to rehearse an AVX2 host on a newer CPU).
+
+    inductor's on-disk cache key does not include that restriction: kernels built under it and reused at
+    full AVX-512 (or the reverse) corrupted the heap or returned NaN losses here (torch 2.14.1). A
+    TORCHINDUCTOR_CACHE_DIR the user chose is left alone (torch itself sets the variable to its default on
+    import; inductor reads it at each compile).
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability and os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability.lower()}"
+    return torch.compile(module)
+
+
 # ------------------------------------------------------------------------------------------ threads
 def default_threads(local_world_size: int | None = None) -> int:
     """Compute threads for one process: the cores it may use (affinity, cgroup quota) shared by the

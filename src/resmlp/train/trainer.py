@@ -34,7 +34,16 @@ from resmlp.data.assemble import build_data
 from resmlp.data.batch_augment import array_batches
 from resmlp.hostinfo import host_info
 from resmlp.models.fused_block import set_fused_training
-from resmlp.runtime import DistInfo, all_reduce_sum, autocast, barrier, grad_scaler, resolve_amp, to_device
+from resmlp.runtime import (
+    DistInfo,
+    all_reduce_sum,
+    autocast,
+    barrier,
+    compile_module,
+    grad_scaler,
+    resolve_amp,
+    to_device,
+)
 from resmlp.train.config import TrainConfig
 from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
 from resmlp.train.tasks import Task
@@ -76,7 +85,7 @@ class Trainer:
                              f"batch ({t.batch_size}); lower train.batch_size")
         self._build_optimization()
         self.loss_fn = task.build_loss(self, num_classes)
-        self.train_model: nn.Module = torch.compile(self.model) if t.compile else self.model
+        self.train_model: nn.Module = compile_module(self.model) if t.compile else self.model
         if info.enabled:
             ids = [device.index] if device.type == "cuda" else None
             self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
