@@ -83,8 +83,8 @@ def compare_commands(checkpoint: Path, data: str, rounds: int, threads: int, bas
            "MKL_NUM_THREADS": str(threads)}
     commands = {"fp32": ([sys.executable, "-m", "resmlp", *args, "--amp", "none"], env),
                 "auto": ([sys.executable, "-m", "resmlp", *args, "--amp", "auto"], env)}
-    if baseline_src:
-        commands["earlier code"] = ([sys.executable, "-m", "resmlp", *args],
+    if baseline_src:  # earlier code may have no --threads: OMP_NUM_THREADS sets its threads
+        commands["earlier code"] = ([sys.executable, "-m", "resmlp", *args[:4]],
                                     {**env, "PYTHONPATH": str(Path(baseline_src, "src").resolve())})
     seconds = {name: [] for name in commands}
     top1, precision = {}, {}
