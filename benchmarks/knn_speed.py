@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 from resmlp.data import build_dataset, heldout_split
 from resmlp.evaluation import resolve_checkpoint
 from resmlp.hostinfo import host_info
-from resmlp.inference import load_for_inference
+from resmlp.inference import load_for_inference, optimize_features
 from resmlp.train.probe import extract_features, knn_accuracy
 
 
@@ -52,9 +52,10 @@ def sklearn_knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.nd
 def features(checkpoint: Path, data: str) -> list[np.ndarray]:
     loaded = load_for_inference(checkpoint, dataset=data)
     pre, out = loaded.preprocess, []
+    fast = optimize_features(loaded.model, "fp32")
     for split in ("train", heldout_split(data)):
         dataset = build_dataset(data, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
-        out += extract_features(loaded.model, DataLoader(dataset, batch_size=256, num_workers=0))
+        out += extract_features(fast, DataLoader(dataset, batch_size=256, num_workers=0))
     return out
 
 

@@ -40,12 +40,14 @@ def test_cli_on_a_checkpoint_whose_features_separate_the_synthetic_set(tmp_path,
 
 
 def test_feature_precision_is_the_one_asked_for_and_fp32_matches_the_plain_model(tmp_path, capsys):
+    from resmlp.inference import optimize_features
     from resmlp.train.probe import extract_features
 
     torch.manual_seed(1)
     model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=3, dim=32, depth=2)
     images, labels = torch.randn(40, 1, 16, 16), torch.arange(40) % 3
-    feats, got_labels = extract_features(model, [(images[:25], labels[:25]), (images[25:], labels[25:])])
+    batches = [(images[:25], labels[:25]), (images[25:], labels[25:])]
+    feats, got_labels = extract_features(optimize_features(model), batches)
     with torch.no_grad():
         want = model.forward_head(model.forward_features(images), pre_logits=True)
     np.testing.assert_allclose(feats, want.numpy(), atol=1e-4)

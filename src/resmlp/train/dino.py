@@ -39,6 +39,7 @@ from torchvision import transforms as T
 from resmlp import reporting
 from resmlp.data import ArrayDataset
 from resmlp.evaluation import eval_batches_or_loader
+from resmlp.inference import optimize_features
 from resmlp.train.config import TrainConfig
 from resmlp.train.probe import extract_features, knn_accuracy
 from resmlp.train.tasks import SupervisedTask
@@ -250,6 +251,7 @@ class DINOTask(SupervisedTask):
         """k-NN top-1 of `queries` with the training images (evaluation transform) as the memory."""
         data = trainer.data
         memory_batched = data.val_batched if isinstance(data.train_eval, ArrayDataset) else None
+        fast = optimize_features(model, "bf16" if trainer.amp == "bf16" else "fp32").to(trainer.info.device)
 
         def features(dataset, batched, name: str):
             batches = eval_batches_or_loader(dataset, batched, trainer.micro_batch, self.cfg.data.num_workers)
@@ -258,8 +260,7 @@ class DINOTask(SupervisedTask):
 
                 batches = tqdm(batches, total=math.ceil(len(dataset) / trainer.micro_batch), unit="batch",
                                desc=f"k-NN features ({name})", dynamic_ncols=True, leave=False)
-            return extract_features(model, batches, trainer.info.device,
-                                    "bf16" if trainer.amp == "bf16" else "fp32")
+            return extract_features(fast, batches, trainer.info.device)
 
         return knn_accuracy(*features(data.train_eval, memory_batched, "memory"),
                             *features(queries, queries_batched, "queries"),

@@ -10,16 +10,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from resmlp.inference import optimize_features
-
 
 @torch.inference_mode()
-def extract_features(model: torch.nn.Module, loader: DataLoader, device: torch.device | str = "cpu",
-                     precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+def extract_features(features: torch.nn.Module, loader: DataLoader,
+                     device: torch.device | str = "cpu") -> tuple[np.ndarray, np.ndarray]:
     """Pooled pre-logits features (the representation DINO evaluates) and labels of a whole loader
-    ((images, targets) or (images, targets, skipped) batches), computed on inference.optimize_features'
-    fast path in `precision` (fp32 or bf16); `model` itself is left as it was."""
-    features = optimize_features(model.eval(), precision).to(device)
+    ((images, targets) or (images, targets, skipped) batches). `features` is
+    `inference.optimize_features(model, precision)`, built once for all the loaders of one evaluation."""
     feats, labels = [], []
     for images, targets, *_ in loader:
         feats.append(features(images.to(device)).cpu())
@@ -79,7 +76,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     from resmlp.data import KINDS, ArrayDataset, build_dataset, heldout_split
     from resmlp.evaluation import eval_batches_or_loader, resolve_checkpoint
     from resmlp.hostinfo import host_info
-    from resmlp.inference import load_for_inference
+    from resmlp.inference import load_for_inference, optimize_features
     from resmlp.runtime import resolve_amp, resolve_device
 
     if method not in ("knn", "linear"):
@@ -93,6 +90,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     pre, model = loaded.preprocess, loaded.model
     torch_device = resolve_device(device)
     precision = "bf16" if resolve_amp(amp, torch_device) == "bf16" else "fp32"
+    features = optimize_features(model, precision).to(torch_device)
     start = time.perf_counter()
     split_features = []
     for split in ("train", heldout_split(data)):
@@ -105,7 +103,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
             from tqdm.auto import tqdm
 
             loader = tqdm(loader, desc=f"features {split}", unit="batch", dynamic_ncols=True)
-        split_features += extract_features(model, loader, torch_device, precision)
+        split_features += extract_features(features, loader, torch_device)
     if method == "knn":
         key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)
     else:
