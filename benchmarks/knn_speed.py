@@ -13,7 +13,10 @@ With --command-rounds N it also times the whole command `resmlp eval-knn CHECKPO
 data, feature extraction and k-NN) N times each way, interleaved: `--amp none` (fp32 features) and `--amp auto`
 (bf16 where the CPU has native bf16), and with --baseline-src DIR the same command run from an earlier
 checkout's src/ (e.g. `git worktree add /tmp/before a91b82f`, the code before the k-NN, batching and
-feature-path changes), each with its top-1.
+feature-path changes), each with its top-1. It then prints the fp32 floor, a lower bound for a whole
+fp32 command on this host (its imports, the feature model's matrix products for every image timed alone at
+their own shapes, and the torch k-NN as measured above), and so the largest speed-up over the earlier code
+that fp32 features allow here.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +36,7 @@ import torch
 from sklearn.neighbors import KNeighborsClassifier
 from threadpoolctl import threadpool_limits
 from torch.utils.data import DataLoader
+from torch.utils.flop_counter import FlopCounterMode
 
 from resmlp.data import build_dataset, heldout_split
 from resmlp.evaluation import resolve_checkpoint
@@ -107,6 +112,42 @@ def compare_commands(checkpoint: Path, data: str, rounds: int, threads: int, bas
     return {"seconds": seconds, "median_seconds": med, "top1": top1, "precision": precision}
 
 
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def product_seconds(name: str, shapes: list[list[int]], repeats: int = 5) -> float:
+    """The best time of one matrix product of the recorded shapes (inputs drawn afresh, layout ignored)."""
+    a, b = (torch.randn(*shape) for shape in (shapes[:2] if name in ("aten::mm", "aten::bmm") else shapes[1:3]))
+    product = torch.mm if a.dim() == 2 else torch.bmm
+    product(a, b)
+    return min(timed(product, a, b)[0] for _ in range(repeats))
+
+
+def fp32_floor(checkpoint: Path, data: str, images: int, knn_seconds: float, threads: int) -> dict:
+    """A lower bound for a whole fp32 `eval-knn` here: importing what it imports, the feature model's matrix
+    products alone (each timed at its own shapes, as recorded in one forward pass; no stem, data or
+    elementwise work), and the measured k-NN."""
+    loaded = load_for_inference(checkpoint, dataset=data)
+    pre, model = loaded.preprocess, loaded.model.eval()
+    batch = torch.zeros(256, pre.in_chans, pre.img_size, pre.img_size)
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        model.forward_features(batch)
+    with torch.profiler.profile(record_shapes=True) as prof, torch.inference_mode():
+        model.forward_features(batch)
+    per_batch = sum(product_seconds(e.name, e.input_shapes) for e in prof.events() if e.name in PRODUCTS)
+    products = per_batch / len(batch) * images
+    imports = [sys.executable, "-c", "import resmlp.commands.probe, resmlp.train.probe, resmlp.inference"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    start_up = min(timed(partial(subprocess.run, imports, env=env, check=True))[0] for _ in range(3))
+    flops = counter.get_total_flops() / len(batch) * images
+    floor = start_up + products + knn_seconds
+    print(f"fp32 floor: start-up {start_up:.2f} s + the feature model's products alone {products:.2f} s "
+          f"({flops / 1e12:.3f} TFLOP in all, {flops / products / 1e9:.0f} GFLOP/s) + k-NN {knn_seconds:.2f} s "
+          f"= {floor:.2f} s")
+    return {"images": images, "start_up_s": start_up, "feature_tflop": flops / 1e12, "products_s": products,
+            "knn_s": knn_seconds, "floor_s": floor}
+
+
 def report(title: str, result: dict) -> dict:
     med = {name: statistics.median(s) for name, s in result["seconds"].items()}
     ratio = med["scikit-learn"] / med["torch"]
@@ -143,6 +184,14 @@ def main() -> None:
     if args.command_rounds:
         results["command"] = compare_commands(checkpoint, args.data, args.command_rounds, args.threads,
                                               args.baseline_src)
+        images = len(feats[0]) + len(feats[2])
+        floor = fp32_floor(checkpoint, args.data, images, results["k-NN only"]["median_seconds"]["torch"],
+                           args.threads)
+        if args.baseline_src:
+            floor["most_speedup_fp32"] = results["command"]["median_seconds"]["earlier code"] / floor["floor_s"]
+            print(f"  so fp32 features can make the command at most {floor['most_speedup_fp32']:.2f}x faster "
+                  "than the earlier code on this host")
+        results["fp32 floor"] = floor
     if args.json:
         Path(args.json).write_text(json.dumps({"host": host_info("fp32"), **results}, indent=1))
 

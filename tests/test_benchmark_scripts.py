@@ -60,6 +60,15 @@ def test_knn_speed_benchmark_times_both_precisions_and_an_earlier_checkout(tmp_p
            "synthetic", "--rounds", "1", "--command-rounds", "1", "--baseline-src", str(root), "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
     subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
-    command = json.loads(out.read_text())["command"]
+    results = json.loads(out.read_text())
+    command = results["command"]
     assert set(command["seconds"]) == {"fp32", "auto", "earlier code"}
     assert command["precision"]["fp32"] == "fp32" and command["top1"]["fp32"] == command["top1"]["earlier code"]
+    floor = results["fp32 floor"]
+    # matrix products of one image: stem 16 tokens x (16 -> 32), cross-patch 16x16 @ 16x32, MLP 32 -> 128 -> 32
+    per_image = 2 * (16 * 16 * 32 + 16 * 16 * 32 + 2 * 16 * 32 * 128)
+    assert abs(floor["feature_tflop"] * 1e12 - per_image * floor["images"]) < 1
+    parts = floor["start_up_s"] + floor["products_s"] + floor["knn_s"]
+    assert min(floor["start_up_s"], floor["products_s"]) > 0 and abs(floor["floor_s"] - parts) < 1e-9
+    assert floor["floor_s"] < command["median_seconds"]["fp32"]  # a lower bound for the command it bounds
+    assert floor["most_speedup_fp32"] == command["median_seconds"]["earlier code"] / floor["floor_s"]
