@@ -21,19 +21,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import timm
 import torch
 from timm.models.mlp_mixer import Affine, MlpMixer, ResBlock
 from torch.utils.flop_counter import FlopCounterMode
 
 import resmlp
+from resmlp import hostinfo
 from resmlp.models.fused_block import set_fused_training
 
 EAGER = ("ours", "ours-plain", "timm")
@@ -47,21 +46,8 @@ COMPILED = ("ours-compiled", "timm-compiled")
 
 
 def host_info() -> dict[str, object]:
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": cpu,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "native_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "timm": timm.__version__,
-        "resmlp": getattr(resmlp, "__version__", "dev"),
-    }
+    # resmlp's own host facts (native bf16 says no where the kernels are restricted to AVX2), plus its version
+    return {**hostinfo.host_info(), "resmlp": getattr(resmlp, "__version__", "dev")}
 
 
 def build(variant: str, config: dict[str, object], img_size: int) -> torch.nn.Module:
