@@ -39,6 +39,14 @@ def test_kernels_restricted_to_avx2_behave_as_an_avx2_host(bf16_cpu, monkeypatch
     assert hostinfo.host_info("none")["native_bf16"] is False
 
 
+@pytest.mark.parametrize(("cap", "native"), [
+    ("AVX2_VNNI_2", False), ("AVX512_CORE", False), ("avx512_core_vnni", False), ("SSE41", False),
+    ("AVX512_CORE_BF16", True), ("AVX512_CORE_AMX", True), ("AVX10_1_512_AMX_FP16", True), ("ALL", True)])
+def test_a_onednn_isa_cap_below_bf16_means_emulated_bf16(bf16_cpu, monkeypatch, cap, native):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert hostinfo.native_bf16() is native
+
+
 def test_explicit_precision_is_kept_and_bad_ones_are_explained():
     assert runtime.resolve_amp("bf16", CPU) == "bf16" and runtime.resolve_amp("none", CPU) == "none"
     with pytest.raises(ValueError, match="fp16 needs a GPU"):

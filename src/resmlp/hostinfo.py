@@ -36,9 +36,15 @@ def native_bf16() -> bool:
     the process behaves as an AVX2 host does, `amp: auto` included.
     """
     flags = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    restricted = (torch.backends.cpu.get_cpu_capability() != "AVX512"
-                  or os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() in ("SSE41", "AVX", "AVX2", "AVX2_VNNI"))
-    return bool(flags and not restricted)
+    return bool(flags and torch.backends.cpu.get_cpu_capability() == "AVX512" and _onednn_allows_bf16())
+
+
+def _onednn_allows_bf16() -> bool:
+    # oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) that include bf16 products: AVX512_CORE_BF16 and every later level
+    # (..._FP16, ..._AMX..., AVX10_*); AVX2, AVX2_VNNI(_2), AVX512_CORE and AVX512_CORE_VNNI stop below it
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return cap in ("ALL", "DEFAULT", "") or cap.startswith("AVX10") or (
+        cap.startswith("AVX512_CORE") and any(level in cap for level in ("BF16", "FP16", "AMX")))
 
 
 def usable_cores() -> int:
