@@ -68,7 +68,7 @@ def test_knn_speed_benchmark_times_both_precisions_and_an_earlier_checkout(tmp_p
     # matrix products of one image: stem 16 tokens x (16 -> 32), cross-patch 16x16 @ 16x32, MLP 32 -> 128 -> 32
     per_image = 2 * (16 * 16 * 32 + 16 * 16 * 32 + 2 * 16 * 32 * 128)
     assert abs(floor["feature_tflop"] * 1e12 - per_image * floor["images"]) < 1
-    parts = floor["start_up_s"] + floor["products_s"] + floor["knn_s"]
+    parts = floor["start_up_s"] + floor["products_s"] + floor["similarities_s"]
     assert min(floor["start_up_s"], floor["products_s"]) > 0 and abs(floor["floor_s"] - parts) < 1e-9
     assert floor["floor_s"] < command["median_seconds"]["fp32"]  # a lower bound for the command it bounds
     assert floor["most_speedup_fp32"] == command["median_seconds"]["earlier code"] / floor["floor_s"]
