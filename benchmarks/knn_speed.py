@@ -41,7 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from resmlp.data import build_dataset, heldout_split
 from resmlp.evaluation import resolve_checkpoint
 from resmlp.hostinfo import host_info
-from resmlp.inference import load_for_inference, optimize_features
+from resmlp.inference import LoadedModel, load_for_inference, optimize_features
 from resmlp.train.probe import extract_features, knn_accuracy
 
 
@@ -54,8 +54,7 @@ def sklearn_knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.nd
     return float((knn.predict(test_x) == test_y).mean() * 100)
 
 
-def features(checkpoint: Path, data: str) -> list[np.ndarray]:
-    loaded = load_for_inference(checkpoint, dataset=data)
+def features(loaded: LoadedModel, data: str) -> list[np.ndarray]:
     pre, out = loaded.preprocess, []
     fast = optimize_features(loaded.model, "fp32")
     for split in ("train", heldout_split(data)):
@@ -123,12 +122,10 @@ def product_seconds(name: str, shapes: list[list[int]], repeats: int = 5) -> flo
     return min(timed(product, a, b)[0] for _ in range(repeats))
 
 
-def fp32_floor(checkpoint: Path, data: str, train_images: int, test_images: int, feature_dim: int,
-               threads: int) -> dict:
+def fp32_floor(loaded: LoadedModel, train_images: int, test_images: int, feature_dim: int, threads: int) -> dict:
     """A lower bound for a whole fp32 `eval-knn` here: importing torch, the feature model's matrix
     products alone (each timed at its own shapes, as recorded in one forward pass; no stem, data or
     elementwise work), and the k-NN's similarity product alone (test x train; no top-k or votes)."""
-    loaded = load_for_inference(checkpoint, dataset=data)
     pre, model = loaded.preprocess, loaded.model.eval()
     batch = torch.zeros(256, pre.in_chans, pre.img_size, pre.img_size)
     with FlopCounterMode(display=False) as counter, torch.inference_mode():
@@ -181,14 +178,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(json.dumps(host_info("fp32")))
     with threadpool_limits(args.threads):  # scikit-learn's BLAS gets the same threads as torch
-        feats = features(checkpoint, args.data)
+        loaded = load_for_inference(checkpoint, dataset=args.data)
+        feats = features(loaded, args.data)
         print(f"features: train {feats[0].shape}, test {feats[2].shape}, {args.threads} thread(s)")
         results = {"k-NN only": report(f"k-NN only (k={args.k}, T={args.temperature}), {args.rounds} rounds",
                                        compare_functions(feats, args.rounds, args.k, args.temperature))}
     if args.command_rounds:
         results["command"] = compare_commands(checkpoint, args.data, args.command_rounds, args.threads,
                                               args.baseline_src)
-        floor = fp32_floor(checkpoint, args.data, len(feats[0]), len(feats[2]), feats[0].shape[1], args.threads)
+        floor = fp32_floor(loaded, len(feats[0]), len(feats[2]), feats[0].shape[1], args.threads)
         if args.baseline_src:
             floor["most_speedup_fp32"] = results["command"]["median_seconds"]["earlier code"] / floor["floor_s"]
             print(f"  so fp32 features can make the command at most {floor['most_speedup_fp32']:.2f}x faster "
