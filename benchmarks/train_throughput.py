@@ -13,6 +13,9 @@ ratios (>= 1: ours faster). The GEMM peak is measured in the same rounds on the 
 (B*N x C @ C x 4C); the training-step GEMM limit is peak / (matrix-product FLOPs of one step, counted by
 torch's FlopCounterMode), and every variant's throughput is given as a percentage of it.
 Precisions: fp32, and bf16 autocast (the default adds it where the CPU has native bf16).
+`--malloc resmlp` (default) runs the process with the allocator setting resmlp's training uses
+(resmlp.runtime.keep_freed_memory; process-wide, so timm's model gets it too), `--malloc glibc` with glibc's
+own; benchmarks/allocator.py compares the two in alternating processes.
 The host (CPU, its capability, native bf16, threads) and torch/timm versions go into the output and JSON.
 """
 
@@ -34,6 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import resmlp
 from resmlp import hostinfo
 from resmlp.models.fused_block import set_fused_training
+from resmlp.runtime import keep_freed_memory
 
 EAGER = ("ours", "ours-plain", "timm")
 # --config: ours = resmlp_s12 with these overrides; timm = an MlpMixer of ResBlocks (timm's ResMLP) of the
@@ -172,6 +176,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=EAGER + COMPILED, default=None,
                         help=f"default: {' '.join(EAGER)} (plus the compiled ones with --compile)")
     parser.add_argument("--compile", action="store_true", help="add ours-compiled and timm-compiled")
+    parser.add_argument("--malloc", choices=("resmlp", "glibc"), default="resmlp",
+                        help="resmlp: the allocator setting resmlp's training uses; glibc: malloc left as it starts")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     patch = CONFIGS[args.config]["patch_size"]
@@ -182,19 +188,22 @@ def main() -> None:
         parser.error("--rounds, --steps and --batch must be >= 1, --warmup >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.malloc == "resmlp":
+        keep_freed_memory(True)
     host = host_info()
     precisions = args.precision or (["fp32", "bf16"] if host["native_bf16"] else ["fp32"])
     variants = args.variants or list(EAGER + (COMPILED if args.compile else ()))
     print(f"host: {host['cpu']}, capability {host['cpu_capability']}, native bf16 {host['native_bf16']}, "
           f"{host['threads']} threads; torch {host['torch']}, timm {host['timm']}")
     print(f"config {args.config}: resmlp vs timm ResMLP, {args.img_size}x{args.img_size}, batch {args.batch}, AdamW, "
-          f"{args.rounds} interleaved rounds x {args.steps} steps")
+          f"{args.rounds} interleaved rounds x {args.steps} steps, {args.malloc} malloc setting")
     results = []
     for precision in precisions:
         results.append(measure(precision, variants, args))
         report(results[-1])
     if args.json:
-        settings = {k: getattr(args, k) for k in ("config", "batch", "img_size", "rounds", "steps", "warmup")}
+        settings = {k: getattr(args, k) for k in ("config", "batch", "img_size", "rounds", "steps", "warmup",
+                                                  "malloc")}
         tmp = args.json.with_suffix(args.json.suffix + ".tmp")
         tmp.write_text(json.dumps({"host": host, "settings": settings, "results": results}, indent=2))
         tmp.replace(args.json)  # atomic

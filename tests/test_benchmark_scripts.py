@@ -72,3 +72,22 @@ def test_knn_speed_benchmark_times_both_precisions_and_an_earlier_checkout(tmp_p
     assert min(floor["start_up_s"], floor["products_s"]) > 0 and abs(floor["floor_s"] - parts) < 1e-9
     assert floor["floor_s"] < command["median_seconds"]["fp32"]  # a lower bound for the command it bounds
     assert floor["most_speedup_fp32"] == command["median_seconds"]["earlier code"] / floor["floor_s"]
+
+
+def test_allocator_benchmark_alternates_processes_and_compares_settings(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "allocator.json"
+    cmd = [sys.executable, str(root / "benchmarks" / "allocator.py"), "--pairs", "2", "--json", str(out), "--",
+           "--rounds", "1", "--steps", "1", "--warmup", "0", "--img-size", "32", "--batch", "2", "--precision", "fp32",
+           "--variants", "ours", "timm"]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
+    data = json.loads(out.read_text())
+    assert data["host"]["cpu_capability"] and data["pairs"] == 2
+    for variant in ("ours", "timm"):  # one number per process: 2 under each setting, one ratio per pair
+        result = data["results"][f"fp32 {variant}"]
+        assert len(result["img_s"]["glibc"]) == len(result["img_s"]["resmlp"]) == len(result["resmlp_over_glibc"]) == 2
+        assert all(r > 0 for r in result["resmlp_over_glibc"])
+    across = data["results"]["fp32 ours (resmlp) / timm (glibc)"]["per_pair"]
+    ours, timm = data["results"]["fp32 ours"]["img_s"]["resmlp"], data["results"]["fp32 timm"]["img_s"]["glibc"]
+    assert across == [a / b for a, b in zip(ours, timm, strict=True)]

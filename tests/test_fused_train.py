@@ -153,7 +153,7 @@ def test_benchmark_smoke_writes_host_and_ratios(tmp_path):
     assert data["host"]["native_bf16"] is False and len(data["results"]) == 1
     result = data["results"][0]
     assert result["precision"] == "fp32" and result["gemm_limit_img_s"] > 0
-    assert set(result["variants"]) == {"ours", "timm"}
+    assert set(result["variants"]) == {"ours", "timm"} and data["settings"]["malloc"] == "resmlp"
     assert result["ratios"]["ours / timm"]["median"] > 0
 
 

@@ -1,8 +1,13 @@
-"""Host facts that decide behaviour: native bf16 (hence `amp: auto`) and the default thread count."""
+"""Host facts that decide behaviour: native bf16 (hence `amp: auto`), the default thread count, the allocator."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -92,3 +97,54 @@ def test_restricted_cpu_kernels_get_a_compile_cache_of_their_own(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")
     runtime.compile_module(torch.nn.Linear(2, 2))
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"  # the user's choice wins
+
+
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+# Page faults of touching a 64 MiB tensor allocated again after one of the same size was freed: in glibc's
+# default state a block that large comes from mmap and is unmapped when freed, so all 16,384 pages fault in
+# again; kept by the heap, none do once the heap holds a free block that large (the fewest of 8 tries: the first
+# ones after the switch grow the heap). Leaving the context gives the kept memory back (resident set shrinks).
+# Run in a fresh process so that pytest's own allocator state is left alone.
+REALLOCATION_FAULTS = textwrap.dedent("""
+    import json, os, resource, torch
+    from resmlp import runtime
+
+    def fewest_faults_of_a_reallocation(tries):
+        faults = []
+        for _ in range(tries):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            torch.ones(16 * 2**20).sum()  # allocate, touch, free
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return min(faults)
+
+    def resident_bytes():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    result = {"default": fewest_faults_of_a_reallocation(3)}
+    with runtime.process_settings(threads=1):
+        with runtime.process_settings(threads=1):  # nested: the outer context still holds the setting after
+            result["nested"] = fewest_faults_of_a_reallocation(8)
+        result["kept"] = fewest_faults_of_a_reallocation(3)
+        result["resident_inside"] = resident_bytes()
+    result["resident_after"] = resident_bytes()
+    print(json.dumps(result))
+""")
+
+
+@pytest.mark.skipif(not GLIBC, reason="the allocator setting is glibc's")
+def test_training_settings_keep_freed_memory_and_give_it_back_afterwards():
+    done = subprocess.run([sys.executable, "-c", REALLOCATION_FAULTS], capture_output=True, text=True, check=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    result = json.loads(done.stdout)
+    pages = 64 * 2**20 // os.sysconf("SC_PAGE_SIZE")
+    assert result["default"] > pages // 2  # mmapped afresh every time
+    assert result["nested"] < pages // 20 and result["kept"] < pages // 20  # served from kept memory
+    assert result["resident_inside"] - result["resident_after"] > 32 * 2**20  # the kept 64 MiB went back
+
+
+def test_keep_freed_memory_changes_nothing_outside_glibc(monkeypatch):
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2"))
+    monkeypatch.setattr(runtime.ctypes, "CDLL", lambda *a: pytest.fail("must not touch the C library"))
+    assert runtime.keep_freed_memory(True) is False and runtime.keep_freed_memory(False) is False
