@@ -183,7 +183,7 @@ def keep_freed_memory(enabled: bool = True) -> bool:
     Why: a training step allocates the same large tensors every step (resmlp_s12, batch 32, fp32: 38.5 MB for
     each of fc1's outputs and their gradients). glibc serves blocks above its mmap threshold (at most 32 MiB)
     from fresh mmap pages and unmaps them when they are freed, so every step page-faults ~1.9 GB in again and
-    the kernel zeroes it: ~470,000 faults and 1-3 s of system time per step on a 2-core host (measured: see
+    the kernel zeroes it: 200,000-560,000 faults and 1-3 s of system time per step on a 2-core host (see
     docs/training.md, "The allocator"). tcmalloc or jemalloc (LD_PRELOAD) would do the same job but must be
     installed and preloaded; glibc's own switch needs nothing. The cost: the process holds its peak memory
     until this is switched off or it exits.
