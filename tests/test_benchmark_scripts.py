@@ -91,3 +91,18 @@ def test_allocator_benchmark_alternates_processes_and_compares_settings(tmp_path
     across = data["results"]["fp32 ours (resmlp) / timm (glibc)"]["per_pair"]
     ours, timm = data["results"]["fp32 ours"]["img_s"]["resmlp"], data["results"]["fp32 timm"]["img_s"]["glibc"]
     assert across == [a / b for a, b in zip(ours, timm, strict=True)]
+
+
+def test_page_faults_benchmark_reports_each_step(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "faults.json"
+    cmd = [sys.executable, str(root / "benchmarks" / "page_faults.py"), "--malloc", "glibc", "--steps", "2",
+           "--img-size", "32", "--batch", "2", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
+    data = json.loads(out.read_text())
+    assert data["settings"]["malloc"] == "glibc" and data["host"]["cpu_capability"]
+    for variant in ("ours", "timm"):
+        steps = data["results"][variant]
+        assert len(steps) == 2 and all(s["wall_s"] > 0 and s["minor_faults"] >= 0 and s["peak_rss_gb"] > 0
+                                       for s in steps)

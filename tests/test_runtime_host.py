@@ -99,8 +99,6 @@ def test_restricted_cpu_kernels_get_a_compile_cache_of_their_own(monkeypatch):
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"  # the user's choice wins
 
 
-GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-
 # Page faults of touching a 64 MiB tensor allocated again after one of the same size was freed: in glibc's
 # default state a block that large comes from mmap and is unmapped when freed, so all 16,384 pages fault in
 # again; kept by the heap, none do once the heap holds a free block that large (the fewest of 8 tries: the first
@@ -133,7 +131,7 @@ REALLOCATION_FAULTS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not GLIBC, reason="the allocator setting is glibc's")
+@pytest.mark.skipif(not runtime.glibc_malloc(), reason="the allocator setting is glibc's")
 def test_training_settings_keep_freed_memory_and_give_it_back_afterwards():
     done = subprocess.run([sys.executable, "-c", REALLOCATION_FAULTS], capture_output=True, text=True, check=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)

@@ -175,6 +175,11 @@ GLIBC_MMAP_MAX = 65536  # glibc's default number of blocks it may serve from mma
 GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20  # where glibc's dynamic mmap threshold stops rising (64-bit)
 
 
+def glibc_malloc() -> bool:
+    """Whether this process's malloc is glibc's (the one keep_freed_memory can set)."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory(enabled: bool = True) -> bool:
     """Have glibc's malloc serve every block from its heap and keep what is freed (True), or go back to the
     state its defaults reach once a program has freed large blocks (False), returning the kept memory to the
@@ -183,12 +188,13 @@ def keep_freed_memory(enabled: bool = True) -> bool:
     Why: a training step allocates the same large tensors every step (resmlp_s12, batch 32, fp32: 38.5 MB for
     each of fc1's outputs and their gradients). glibc serves blocks above its mmap threshold (at most 32 MiB)
     from fresh mmap pages and unmaps them when they are freed, so every step page-faults ~1.9 GB in again and
-    the kernel zeroes it: 200,000-560,000 faults and 1-3 s of system time per step on a 2-core host (see
-    docs/training.md, "The allocator"). tcmalloc or jemalloc (LD_PRELOAD) would do the same job but must be
-    installed and preloaded; glibc's own switch needs nothing. The cost: the process holds its peak memory
+    the kernel zeroes it: 320,000-540,000 faults and 1.2-2.4 s of system time per 4.6-6.3 s step on a 2-core
+    host (benchmarks/page_faults.py; docs/training.md, "The allocator"). tcmalloc or jemalloc (LD_PRELOAD)
+    would do the same job but must be installed and preloaded; glibc's own switch needs nothing. The cost:
+    the process holds its peak memory
     until this is switched off or it exits.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not glibc_malloc():
         return False
     libc = ctypes.CDLL(None)  # the malloc this process actually uses
     if enabled:  # no block from mmap; a trim threshold of -1 switches trimming off (mallopt(3))
