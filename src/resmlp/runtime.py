@@ -191,8 +191,7 @@ def keep_freed_memory(enabled: bool = True) -> bool:
     the kernel zeroes it: 320,000-540,000 faults and 1.2-2.4 s of system time per 4.6-6.3 s step on a 2-core
     host (benchmarks/page_faults.py; docs/training.md, "The allocator"). tcmalloc or jemalloc (LD_PRELOAD)
     would do the same job but must be installed and preloaded; glibc's own switch needs nothing. The cost:
-    the process holds its peak memory
-    until this is switched off or it exits.
+    the process holds its peak memory until this is switched off or it exits.
     """
     if not glibc_malloc():
         return False
