@@ -16,12 +16,14 @@ MODULES = sorted("resmlp." + ".".join(p.relative_to(PACKAGE).with_suffix("").par
                  for p in PACKAGE.rglob("*.py") if p.name != "__main__.py")
 
 
-def module_imports(name: str) -> set[str]:
-    """The resmlp modules `name` imports at module level (lazy imports inside functions don't count)."""
+def module_imports(name: str, every: bool = False) -> set[str]:
+    """The resmlp modules `name` imports at module level, or with `every` anywhere (lazy imports inside
+    functions and type-only imports under TYPE_CHECKING too)."""
     path = PACKAGE.joinpath(*name.split(".")[1:])
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     found = set()
-    for node in ast.parse(path.read_text()).body:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree) if every else tree.body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("resmlp"):
             # `from resmlp.data import cifar` imports the submodule resmlp.data.cifar
             found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
@@ -31,8 +33,7 @@ def module_imports(name: str) -> set[str]:
     return {m for m in found if m in MODULES and m != name}
 
 
-def test_module_level_imports_have_no_cycle():
-    graph = {m: module_imports(m) for m in MODULES}
+def assert_no_cycle(graph: dict[str, set[str]]) -> None:
     state: dict[str, int] = {}
 
     def visit(node: str, path: list[str]) -> None:
@@ -44,9 +45,31 @@ def test_module_level_imports_have_no_cycle():
                 visit(nxt, [*path, node])
         state[node] = 2
 
-    for module in MODULES:
+    for module in graph:
         if module not in state:
             visit(module, [])
+
+
+def test_module_level_imports_have_no_cycle():
+    assert_no_cycle({m: module_imports(m) for m in MODULES})
+
+
+def test_training_package_has_no_cycle_even_through_lazy_or_type_only_imports():
+    """train/: the trainer imports the tasks and the state; they see it through resmlp.train.view only."""
+    training = [m for m in MODULES if m.startswith("resmlp.train.") or m == "resmlp.train"]
+    assert_no_cycle({m: {i for i in module_imports(m, every=True) if i in training} for m in training})
+
+
+def test_task_names_of_the_config_are_the_registry():
+    from resmlp.train.config import TASKS
+    from resmlp.train.task_registry import TASK_CLASSES
+
+    assert set(TASKS) == set(TASK_CLASSES)
+
+
+def test_no_training_module_passes_350_lines():
+    lengths = {p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "train").glob("*.py")}
+    assert max(lengths.values()) <= 350, lengths
 
 
 def test_every_module_imports():

@@ -21,7 +21,7 @@ from resmlp.train.losses import (
     soft_distillation_loss,
     supervised_loss,
 )
-from resmlp.train.tasks import task_for
+from resmlp.train.task_registry import task_for
 from resmlp.train.trainer import Trainer
 
 TINY = {

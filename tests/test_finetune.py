@@ -15,7 +15,8 @@ from resmlp.cli import main
 from resmlp.runtime import DistInfo
 from resmlp.train import finetune
 from resmlp.train.config import load_config
-from resmlp.train.tasks import FinetuneTask, task_for
+from resmlp.train.task_registry import task_for
+from resmlp.train.tasks import FinetuneTask
 from resmlp.train.trainer import Trainer
 
 TINY = {

@@ -170,7 +170,7 @@ def test_folded_graph_for_torch_compile_equals_plain(monkeypatch, drop_path_rate
 def test_trainer_follows_the_fused_step_setting(tmp_path, fused_step):
     from resmlp.runtime import DistInfo
     from resmlp.train.config import load_config
-    from resmlp.train.tasks import task_for
+    from resmlp.train.task_registry import task_for
     from resmlp.train.trainer import Trainer
 
     cfg = load_config("fashion-mnist-quick", {

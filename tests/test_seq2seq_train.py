@@ -98,7 +98,8 @@ def test_torchrun_ddp_two_gloo_processes(corpus, tmp_path):
     cmd = [str(torchrun), "--nproc_per_node", "2", "-m", "resmlp", "translate", "train", "--data", str(corpus),
            "--src-suffix", "en", "--tgt-suffix", "fr", "--preset", "tiny", "--max-len", "24",
            "--vocab-size", "150", "--max-tokens", "512", "--optimizer", "adam", "--lr", "3e-3",
-           "--warmup-steps", "5", "--max-steps", "6", "--eval-every", "3", "--beam", "1", "--output", str(out)]
+           "--warmup-steps", "5", "--max-steps", "6", "--eval-every", "3", "--beam", "1", "--output", str(out),
+           "--device", "cpu"]  # gloo on the CPU, whether or not a GPU is visible
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 6 and "exact_match" in summary

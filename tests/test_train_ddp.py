@@ -21,6 +21,7 @@ OVERRIDES = {
     "model.img_size": 16, "model.patch_size": 4, "model.dim": 32, "model.depth": 2,
     "schedule.epochs": 1, "schedule.warmup_epochs": 0, "train.batch_size": 16, "train.progress": False,
     "train.amp": "none", "optim.name": "sgd", "optim.lr": 0.1, "train.threads": 1,
+    "train.device": "cpu",  # gloo processes: with a GPU visible, `auto` would put each process on its own GPU
 }
 
 

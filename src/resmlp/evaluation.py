@@ -11,57 +11,80 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from resmlp.data import KINDS, ShardSampler, build_dataset, collate_skipping, heldout_split
+from resmlp.data.arrays import ArrayDataset
 from resmlp.data.batch_augment import BatchAugment, eval_batches
-from resmlp.runtime import DistInfo, all_reduce_sum, autocast, resolve_amp, resolve_device
+from resmlp.runtime import (
+    DistInfo,
+    all_reduce_sum,
+    autocast,
+    is_accelerator,
+    precision_name,
+    resolve_amp,
+    resolve_device,
+)
+
+EVAL_BATCH_SIZE = 256  # `resmlp eval`'s default, and the batch of a run's final test scoring: same batches, same number
 
 
 @torch.no_grad()
 def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torch.device, amp: str,
              info: DistInfo | None = None) -> dict[str, Any]:
     """Loss, top-1, top-5 (percent) and the confusion matrix of (images, targets, skipped) batches, summed over
-    all ranks. Non-finite logits are an error: a broken model gets no score."""
+    all ranks. Non-finite logits are an error: a broken model gets no score.
+
+    The sums stay on `device` and are read once at the end: a GPU never waits for the host between batches.
+    """
     model.eval()
-    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
-    totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top-5 hits, images, skipped
+    confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device)
+    # loss sum, top-5 hits, non-finite batches (float64: integer counts stay exact below 2**53)
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    images, skipped = 0, 0  # known on the host: no read
     k = min(5, num_classes)
-    for images, targets, skipped in batches:
-        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+    for batch_images, targets, batch_skipped in batches:
+        batch_images = batch_images.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
         with autocast(device, amp):
-            logits = model(images)
+            logits = model(batch_images)
         logits = logits.float()
-        if not torch.isfinite(logits).all():
-            raise ValueError("the model's outputs are NaN or infinite (non-finite weights?); no accuracy to report")
-        totals[0] += nn.functional.cross_entropy(logits, targets, reduction="sum").item()
-        totals[1] += (logits.topk(k, dim=1).indices == targets[:, None]).any(dim=1).sum().item()
-        totals[2] += len(targets)
-        totals[3] += skipped
-        pred = logits.argmax(dim=1).cpu()
-        confusion += torch.bincount(targets.cpu() * num_classes + pred, minlength=num_classes**2).view(
-            num_classes, num_classes)
+        sums += torch.stack([nn.functional.cross_entropy(logits, targets, reduction="sum"),
+                             (logits.topk(k, dim=1).indices == targets[:, None]).any(dim=1).sum(),
+                             (~torch.isfinite(logits).all())]).double()
+        # scatter_add, not bincount: bincount sizes its output from the data, a host read on a GPU
+        cell = targets * num_classes + logits.argmax(dim=1)
+        confusion.scatter_add_(0, cell, torch.ones_like(cell))
+        images += len(targets)
+        skipped += batch_skipped
+    packed = torch.cat([sums, torch.tensor([images, skipped], dtype=torch.float64, device=device),
+                        confusion.double()])
     if info is not None:
-        all_reduce_sum(confusion, info)
-        all_reduce_sum(totals, info)
-    n = max(totals[2].item(), 1)
-    return dict(loss=totals[0].item() / n, top1=100.0 * confusion.trace().item() / n,
-                top5=100.0 * totals[1].item() / n, images=int(totals[2].item()), skipped=int(totals[3].item()),
-                confusion=confusion.numpy())
+        all_reduce_sum(packed, info)
+    values = packed.tolist()  # the one read of the whole evaluation
+    loss_sum, top5_hits, bad, images, skipped = values[:5]
+    if bad:
+        raise ValueError("the model's outputs are NaN or infinite (non-finite weights?); no accuracy to report")
+    confusion = np.rint(values[5:]).astype(np.int64).reshape(num_classes, num_classes)
+    n = max(images, 1)
+    return dict(loss=loss_sum / n, top1=100.0 * int(confusion.trace()) / n, top5=100.0 * top5_hits / n,
+                images=int(images), skipped=int(skipped), confusion=confusion)
 
 
 def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: int, num_workers: int,
-                           info: DistInfo | None = None) -> Iterable:
-    """This rank's share of `dataset` in (images, targets, skipped) batches: preprocessed whole in this process
-    when `batched` is the exact batched form of the evaluation transform, else by a DataLoader."""
+                           info: DistInfo | None = None, device: torch.device | None = None) -> Iterable:
+    """This rank's share of `dataset` in (images, targets, skipped) batches: preprocessed whole (on `device`
+    when it is a GPU: the images are kept there) when `batched` is the exact batched form of the evaluation
+    transform, else by a DataLoader."""
     world, rank = (info.world_size, info.rank) if info else (1, 0)
     shard = ShardSampler(len(dataset), world, rank)
     if batched is not None:
-        return eval_batches(dataset, shard, batch_size, batched)
+        return eval_batches(dataset, shard, batch_size, batched, device if is_accelerator(device) else None)
     return DataLoader(dataset, batch_size=batch_size, sampler=shard, num_workers=num_workers,
-                      collate_fn=collate_skipping)
+                      collate_fn=collate_skipping, pin_memory=is_accelerator(device))
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -79,7 +102,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Path | None = None,
-             split: str | None = None, output: str | Path | None = None, batch_size: int = 256, num_workers: int = 2,
+             split: str | None = None, output: str | Path | None = None, batch_size: int = EVAL_BATCH_SIZE,
+             num_workers: int = 2,
              device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False) -> dict[str, Any]:
     """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
 
@@ -115,7 +139,11 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     torch_device = resolve_device(device)
     precision = resolve_amp(amp, torch_device)
     start = time.perf_counter()
-    batches = eval_batches_or_loader(dataset, None, batch_size, num_workers)
+    # the batched form where it is exact, as a training run scores its test split: the same batches give the
+    # same number for the same checkpoint, precision and device
+    batched = (pre.batched_eval(*dataset.images.shape[1:3])
+               if isinstance(dataset, ArrayDataset) else None)
+    batches = eval_batches_or_loader(dataset, batched, batch_size, num_workers, device=torch_device)
     if progress:
         from tqdm.auto import tqdm
 
@@ -127,7 +155,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     summary = dict(test_top1=result["top1"], test_top5=result["top5"], epochs=loaded.metadata.get("epoch"),
                    wall_seconds=round(time.perf_counter() - start, 1), checkpoint=str(checkpoint.resolve()),
                    loss=result["loss"], images=result["images"], skipped_images=result["skipped"],
-                   dataset=data, split=split, per_class_top1=per_class, host=host_info(precision))
+                   dataset=data, split=split, per_class_top1=per_class, precision=precision_name(precision),
+                   device=str(torch_device), batch_size=batch_size, host=host_info(precision))
     if plot:  # next to the checkpoint unless an output folder is given
         png = (Path(output) / "confusion_matrix.png" if output is not None
                else checkpoint.with_name(f"{checkpoint.stem}_confusion_{data}_{split}.png"))

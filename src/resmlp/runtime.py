@@ -52,6 +52,12 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device {name} was asked for but no CUDA GPU is visible; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        # torchrun starts one process per --nproc_per_node: process LOCAL_RANK takes cuda:LOCAL_RANK
+        count = torch.cuda.device_count()
+        raise ValueError(f"process {local_rank} of this machine would use {device} but only {count} GPU(s) are "
+                         f"visible: start at most {count} process(es) per machine (torchrun --nproc_per_node="
+                         f"{count}), or train on the CPU with --device cpu (gloo)")
     return device
 
 
@@ -104,6 +110,16 @@ def resolve_amp(amp: str, device: torch.device) -> str:
     return "bf16" if native_bf16() else "none"
 
 
+def precision_name(amp: str) -> str:
+    """The precision as reports name it: fp32 (train.amp `none`), bf16 or fp16."""
+    return "fp32" if amp == "none" else amp
+
+
+def is_accelerator(device: torch.device | None) -> bool:
+    """A device with its own memory (CUDA, ...): data is kept there and copies overlap with compute."""
+    return device is not None and device.type not in ("cpu", "meta")
+
+
 def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
     """bf16 autocast on CPU or GPU, fp16 on GPU, or nothing."""
     if amp == "none":
@@ -117,9 +133,10 @@ def grad_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler | None:
 
 
 # ------------------------------------------------------------------------------------------ compile
-def compile_module(module: torch.nn.Module) -> torch.nn.Module:
+def compile_module(module: torch.nn.Module, cuda_graphs: bool = False) -> torch.nn.Module:
     """torch.compile(module), with a kernel cache of its own when the CPU kernels are restricted
-    (ATEN_CPU_CAPABILITY=avx2, the way to rehearse an AVX2 host on a newer CPU).
+    (ATEN_CPU_CAPABILITY=avx2, the way to rehearse an AVX2 host on a newer CPU); `cuda_graphs` replays the
+    compiled graphs as CUDA graphs (torch.compile's reduce-overhead mode).
 
     inductor's on-disk cache key does not include that restriction: kernels built under it and reused at
     full AVX-512 (or the reverse) corrupted the heap or returned NaN losses here (torch 2.14.1). A
@@ -131,7 +148,8 @@ def compile_module(module: torch.nn.Module) -> torch.nn.Module:
     capability = os.environ.get("ATEN_CPU_CAPABILITY")
     if capability and os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability.lower()}"
-    return torch.compile(module)
+    # reduce-overhead: the compiled graphs are replayed as CUDA graphs (static shapes; GPU only)
+    return torch.compile(module, mode="reduce-overhead" if cuda_graphs else None)
 
 
 # ------------------------------------------------------------------------------------------ threads

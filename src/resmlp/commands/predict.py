@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         table.add_row(r["file"], *(f"{t['class_name']} {t['probability']:.1%}" for t in r["top_k"]))
     console.print(table)
-    err_console = Console(stderr=True)
+    err_console = Console(stderr=True, soft_wrap=True)  # one line per failed file, whatever the terminal width
     for e in errors:
         err_console.print(f"[red]skipped[/red] {e['file']}: {e['error']}", highlight=False)
     if args.output is not None:

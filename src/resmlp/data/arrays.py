@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
@@ -50,6 +51,15 @@ class ArrayDataset(Dataset):
         out = ArrayDataset(self.images[indices], self.labels[indices], self.class_names, transform=transform)
         out.mode = self.mode
         return out
+
+    def on_device(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images, labels) as tensors on `device`, copied there once and kept: whole-batch augmentation then
+        indexes them where the model runs, and no image crosses the bus again."""
+        cached = getattr(self, "_device_copy", None)
+        if cached is None or cached[0].device != device:
+            cached = (torch.from_numpy(self.images).to(device), torch.from_numpy(self.labels).to(device))
+            self._device_copy = cached
+        return cached
 
     @property
     def targets(self) -> list[int]:

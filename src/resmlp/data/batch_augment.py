@@ -9,7 +9,10 @@ flip to the whole batch with one `grid_sample`. Random erasing is timm's RandomE
 
 Every image's random numbers come from its sampler key (resmlp.data.samplers.sample_seed), as with the
 per-image path, so an image gets the same augmentation whatever the batch it lands in, the number of
-processes or a restart.
+processes or a restart. The numbers are drawn on the CPU from per-image generators (a few per image) and the
+pixels are computed where the images are: on a GPU the dataset lives on the device (ArrayDataset.on_device)
+and only the random numbers cross the bus, so an image is augmented the same on any device (exactly on the
+CPU, within float tolerance on a GPU).
 """
 
 from __future__ import annotations
@@ -60,14 +63,17 @@ class BatchAugment:
         self.random = (tuple(scale), tuple(ratio), hflip) != ((1, 1), (1, 1), 0)
 
     def __call__(self, images: torch.Tensor, seeds: Sequence[int]) -> torch.Tensor:
+        """Augment `images` on their own device (CPU or GPU)."""
         if len(images) != len(seeds):
             raise ValueError(f"{len(images)} images but {len(seeds)} seeds")
+        device = images.device
         x = self._channels(images)
         height, width = x.shape[-2:]
         if self.random:
             u = torch.stack([torch.rand(2 * ATTEMPTS + 3, generator=torch.Generator().manual_seed(s)) for s in seeds])
         else:  # zeros pick the full-area, unflipped box
             u = torch.zeros(len(seeds), 2 * ATTEMPTS + 3)
+        # the boxes are a few numbers an image: computed on the CPU, then one small copy
         top, left, h, w = self._crop_boxes(u, height, width)
         flip = u[:, -1] < self.hflip
         # affine map from output to input coordinates (align_corners=False: -1 and 1 are the outer pixel edges)
@@ -76,11 +82,15 @@ class BatchAugment:
         theta[:, 0, 2] = (2 * left + w) / width - 1
         theta[:, 1, 1] = h / height
         theta[:, 1, 2] = (2 * top + h) / height - 1
+        theta = theta.to(device, non_blocking=True)
         grid = F.affine_grid(theta, [len(x), x.shape[1], self.img_size, self.img_size], align_corners=False)
         x = F.grid_sample(x, grid, mode=self.mode, padding_mode="border", align_corners=False)
-        x = (x.clamp(0, 255) / 255 - self.mean) / self.std
+        x = (x.clamp(0, 255) / 255 - self.mean.to(device)) / self.std.to(device)
         if self.erase is not None:
-            self._erase(x, seeds)
+            if device.type == "cpu":
+                self._erase(x, seeds)
+            else:
+                self._erase_on_device(x, seeds)
         return self.after(x) if self.after is not None else x
 
     def _channels(self, images: torch.Tensor) -> torch.Tensor:
@@ -88,7 +98,7 @@ class BatchAugment:
         x = images.float()
         x = x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)
         if x.shape[1] == 3 and self.in_chans == 1:
-            x = (x * torch.tensor(LUMINANCE).view(1, 3, 1, 1)).sum(1, keepdim=True)
+            x = (x * torch.tensor(LUMINANCE, device=x.device).view(1, 3, 1, 1)).sum(1, keepdim=True)
         elif x.shape[1] == 1 and self.in_chans == 3:
             x = x.expand(-1, 3, -1, -1)
         return x
@@ -121,21 +131,53 @@ class BatchAugment:
                 self.erase(image)
         random.setstate(python_state)
 
+    def _erase_on_device(self, x: torch.Tensor, seeds: Sequence[int]) -> None:
+        """The same erasing as `_erase` for images on a GPU: timm draws each erased box and its noise on the CPU,
+        exactly as it would for a CPU image (it paints a NaN canvas, which shows the box), and only the box's
+        pixels are copied to the device."""
+        python_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            for image, seed in zip(x, seeds, strict=True):
+                random.seed(seed)
+                if random.random() > self.erase.probability:  # timm's own first draw: most images keep theirs
+                    continue
+                random.seed(seed)
+                torch.default_generator.manual_seed(seed)
+                canvas = torch.full(image.shape, math.nan)
+                self.erase(canvas)
+                painted = ~canvas.isnan()
+                rows, cols = painted.any(dim=(0, 2)).nonzero()[:, 0], painted.any(dim=(0, 1)).nonzero()[:, 0]
+                if len(rows):
+                    box = (slice(None), slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
+                    image[box] = canvas[box].to(image.device, non_blocking=True)
+        random.setstate(python_state)
+
 
 def array_batches(dataset: ArrayDataset, keys: Iterable[tuple[int, int, int, int]], batch_size: int,
-                  augment: BatchAugment, drop_last: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+                  augment: BatchAugment, drop_last: bool = True, device: torch.device | None = None,
+                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
     """(images, targets, 0 skipped) batches of `dataset` in the order of `keys` (ResumableSampler's
-    (seed, epoch, position, index)), the last partial batch dropped when `drop_last`."""
+    (seed, epoch, position, index)), the last partial batch dropped when `drop_last`. With a `device` (the
+    trainer gives one for GPUs), the dataset is kept there (ArrayDataset.on_device) and batches are gathered and
+    augmented on it; without, they are gathered from the numpy arrays (the fastest on a CPU)."""
+    resident = device is not None
+    if resident:
+        all_images, all_labels = dataset.on_device(device)
     keys = iter(keys)
     while batch := list(itertools.islice(keys, batch_size)):
         if drop_last and len(batch) < batch_size:
             return
         index = [key[3] for key in batch]
-        images = torch.from_numpy(dataset.images[index])
-        yield augment(images, [sample_seed(key) for key in batch]), torch.from_numpy(dataset.labels[index]), 0
+        if resident:
+            where = torch.tensor(index).to(device, non_blocking=True)
+            images, labels = all_images[where], all_labels[where]
+        else:
+            images, labels = torch.from_numpy(dataset.images[index]), torch.from_numpy(dataset.labels[index])
+        yield augment(images, [sample_seed(key) for key in batch]), labels, 0
 
 
-def eval_batches(dataset: ArrayDataset, indices: Iterable[int], batch_size: int,
-                 preprocess: BatchAugment) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+def eval_batches(dataset: ArrayDataset, indices: Iterable[int], batch_size: int, preprocess: BatchAugment,
+                 device: torch.device | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
     """Evaluation batches of `indices` with a deterministic `preprocess` (no random crop, flip or erasing)."""
-    return array_batches(dataset, ((0, 0, i, i) for i in indices), batch_size, preprocess, drop_last=False)
+    return array_batches(dataset, ((0, 0, i, i) for i in indices), batch_size, preprocess, drop_last=False,
+                         device=device)

@@ -47,6 +47,8 @@ class PixelPermutation:
         if image.shape[-2:] != (self.img_size, self.img_size):
             raise ValueError(f"pixel permutation built for {self.img_size}x{self.img_size} images, got "
                              f"{tuple(image.shape[-2:])}")
+        if self.perm.device != image.device:  # once per device: the index then lives where the images do
+            self.perm = self.perm.to(image.device)
         return image.flatten(-2)[..., self.perm].view(image.shape)
 
     def __repr__(self) -> str:

@@ -136,7 +136,10 @@ class TrainSection:
     grad_accum: int = 1
     clip_grad: float | None = None
     amp: str = "auto"  # auto (bf16 where the hardware has it) | bf16 | fp16 (GPU, with a scaler) | none
-    compile: bool = False
+    # auto: compile when the measured eager step says the rest of the run pays for it (resmlp.train.step);
+    # true / false force it (set one of them for runs that must repeat bit for bit)
+    compile: bool | str = "auto"
+    log_every_steps: int = 0  # read the loss on the host every N steps; 0: every half second
     channels_last: bool = False
     # the fused training step of the paper's block (resmlp.models.fused_block): same arithmetic, fewer
     # passes over memory; false runs the plain blocks (for comparison or debugging)
@@ -427,6 +430,9 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(t.threads is None or t.threads >= 1, f"train.threads must be >= 1 or null, got {t.threads}")
     need(0 < t.ema_decay < 1, f"train.ema_decay must be in (0, 1), got {t.ema_decay}")
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0")
+    need(t.log_every_steps >= 0, f"train.log_every_steps must be >= 0 (0: every half second), got {t.log_every_steps}")
+    need(t.compile in (True, False, "auto", "true", "false"),
+         f"train.compile: {t.compile!r} is not one of auto, true, false")
     need(o.layer_decay is None or 0 < o.layer_decay <= 1, f"optim.layer_decay must be in (0, 1], got {o.layer_decay}")
     need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
          f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")

@@ -45,7 +45,7 @@ from resmlp.train.probe import extract_features, knn_accuracy
 from resmlp.train.tasks import SupervisedTask
 
 if TYPE_CHECKING:
-    from resmlp.train.trainer import Trainer
+    from resmlp.train.view import TrainerView
 
 
 class DINOHead(nn.Module):
@@ -180,7 +180,7 @@ class DINOTask(SupervisedTask):
         return lambda pre: MultiCropTransform(pre.img_size, pre.mean, pre.std, d.num_local, tuple(d.global_scale),
                                               tuple(d.local_scale), d.local_size, grayscale=pre.in_chans == 1)
 
-    def build_model(self, trainer: Trainer, num_classes: int) -> nn.Module:
+    def build_model(self, trainer: TrainerView, num_classes: int) -> nn.Module:
         backbone = super().build_model(trainer, num_classes)
         backbone.reset_classifier(0)  # DINO learns features; the classifier comes with fine-tuning
         d = self.cfg.dino
@@ -188,7 +188,7 @@ class DINOTask(SupervisedTask):
                         norm_last_layer=d.norm_last_layer)
         return DINOModel(backbone, head)
 
-    def build_loss(self, trainer: Trainer, num_classes: int):
+    def build_loss(self, trainer: TrainerView, num_classes: int):
         d = self.cfg.dino
         self.loss = DINOLoss(d.out_dim, 2 + d.num_local, d.teacher_temp, d.warmup_teacher_temp,
                              d.warmup_teacher_temp_epochs, self.cfg.schedule.epochs, d.student_temp,
@@ -196,7 +196,7 @@ class DINOTask(SupervisedTask):
         self.trainer = trainer  # the loss needs the epoch (teacher temperature warm-up)
         return self._step_loss
 
-    def setup(self, trainer: Trainer) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         cfg = self.cfg
         self.teacher = ModelEmaV3(trainer.model, decay=cfg.dino.momentum_teacher)
         self.teacher.module.requires_grad_(False)  # the teacher only ever moves by the EMA
@@ -214,7 +214,7 @@ class DINOTask(SupervisedTask):
         return self.loss(student, teacher, self.trainer.epoch)
 
     # -------------------------------------------------------------------------------- step hooks
-    def before_optimizer_step(self, trainer: Trainer) -> None:
+    def before_optimizer_step(self, trainer: TrainerView) -> None:
         if trainer.epoch < self.cfg.dino.freeze_last_layer_epochs:  # DINO: stabilises the start
             for p in trainer.model.head.last_layer.parameters():
                 p.grad = None
@@ -224,7 +224,7 @@ class DINOTask(SupervisedTask):
                 if group["weight_decay"] > 0:
                     group["weight_decay"] = decay
 
-    def after_optimizer_step(self, trainer: Trainer) -> None:
+    def after_optimizer_step(self, trainer: TrainerView) -> None:
         # trainer.global_step still counts the steps before this one
         self.teacher.decay = self.momentum[min(trainer.global_step, len(self.momentum) - 1)]
         self.teacher.update(trainer.model)
@@ -237,17 +237,17 @@ class DINOTask(SupervisedTask):
         self.loss.center.copy_(state["center"])
 
     # -------------------------------------------------------------------------------- evaluation and outputs
-    def model_to_save(self, trainer: Trainer) -> nn.Module:
+    def model_to_save(self, trainer: TrainerView) -> nn.Module:
         return self.teacher.module.backbone
 
-    def evaluate(self, trainer: Trainer, model: nn.Module) -> tuple[dict[str, Any], float]:
+    def evaluate(self, trainer: TrainerView, model: nn.Module) -> tuple[dict[str, Any], float]:
         top1 = self._knn(trainer, model, trainer.data.val, trainer.data.val_batched)
         return dict(knn_top1=top1, skipped_val_images=0), top1
 
-    def test_scores(self, trainer: Trainer, model: nn.Module) -> dict[str, float]:
+    def test_scores(self, trainer: TrainerView, model: nn.Module) -> dict[str, float]:
         return dict(knn_top1=self._knn(trainer, model, trainer.data.test, trainer.data.test_batched))
 
-    def _knn(self, trainer: Trainer, model: nn.Module, queries, queries_batched) -> float:
+    def _knn(self, trainer: TrainerView, model: nn.Module, queries, queries_batched) -> float:
         """k-NN top-1 of `queries` with the training images (evaluation transform) as the memory."""
         data = trainer.data
         memory_batched = data.val_batched if isinstance(data.train_eval, ArrayDataset) else None

@@ -10,7 +10,8 @@ from typing import Any
 from resmlp.fileio import RunLock, remove_stale_temporaries
 from resmlp.runtime import init_distributed, process_settings, shutdown
 from resmlp.train.config import TRAINING_FIELDS, TrainConfig, load_config, parse_overrides
-from resmlp.train.tasks import Task, task_for
+from resmlp.train.task_registry import task_for
+from resmlp.train.tasks import Task
 from resmlp.train.trainer import Trainer
 
 

@@ -14,7 +14,7 @@ from resmlp.checkpoint import torch_load
 from resmlp.fileio import atomic_write
 
 if TYPE_CHECKING:
-    from resmlp.train.trainer import Trainer
+    from resmlp.train.view import TrainerView
 
 STATE_FILE = "last.pth"
 STATE_VERSION = 2  # 2: task state under "task", the schedule rebuilt from the config
@@ -22,7 +22,7 @@ STATE_VERSION = 2  # 2: task state under "task", the schedule rebuilt from the c
 # learning rate (lowered after a non-finite loss), the fused step (same arithmetic) and logging
 RESUMABLE_CHANGES = ("schedule.epochs", "optim.lr", "train.device", "train.threads", "train.progress",
                      "train.fused_step", "train.checkpoint_every_steps", "train.deterministic", "data.num_workers",
-                     "data.dir")
+                     "data.dir", "train.compile", "train.log_every_steps")
 
 
 def save_state(path: str | Path, state: dict[str, Any]) -> Path:
@@ -82,7 +82,7 @@ def state_to_resume(out: Path, resume: bool | str | Path) -> Path | None:
     return path
 
 
-def snapshot(trainer: Trainer) -> dict[str, Any]:
+def snapshot(trainer: TrainerView) -> dict[str, Any]:
     """Everything a resume needs, from the trainer's public state."""
     return dict(
         config=trainer.cfg.to_dict(), model=trainer.model.state_dict(), optimizer=trainer.optimizer.state_dict(),
@@ -95,7 +95,7 @@ def snapshot(trainer: Trainer) -> dict[str, Any]:
     )
 
 
-def restore(trainer: Trainer, state: dict[str, Any]) -> None:
+def restore(trainer: TrainerView, state: dict[str, Any]) -> None:
     """Put a saved state back into a freshly built trainer (same config, or one check_resumable accepts)."""
     check_resumable(trainer.state_path, state["config"], trainer.cfg.to_dict())
     trainer.model.load_state_dict(state["model"])

@@ -5,8 +5,8 @@ a Task owns the model(s), the loss, what is evaluated, and any state of its own.
 only through the trainer's public attributes: cfg, info (devices, ranks), amp, data (RunData), model, ema,
 optimizer, epoch, global_step, steps_per_epoch, micro_batch.
 
-Adding a paradigm: subclass Task (or SupervisedTask), override what differs, and add it to `task_for`
-(docs/architecture.md walks through DINOTask, resmlp.train.dino).
+Adding a paradigm: subclass Task (or SupervisedTask), override what differs, and add it to TASK_CLASSES in
+resmlp.train.task_registry (docs/architecture.md walks through DINOTask, resmlp.train.dino).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from torch import nn
 
 from resmlp import reporting
 from resmlp.build import build_model, freeze_layers, load_resmlp_start
-from resmlp.evaluation import classify, eval_batches_or_loader
+from resmlp.evaluation import EVAL_BATCH_SIZE, classify, eval_batches_or_loader
 from resmlp.preprocess import Preprocess
 from resmlp.train.config import TrainConfig
 from resmlp.train.losses import DistillationLoss, LossFn, freeze, supervised_loss
 
 if TYPE_CHECKING:
-    from resmlp.train.trainer import Trainer
+    from resmlp.train.view import TrainerView
 
 
 class Task:
@@ -42,39 +42,41 @@ class Task:
         """The training transform built from the preprocessing; None: the recipe's augmentation."""
         return None
 
-    def build_model(self, trainer: Trainer, num_classes: int) -> nn.Module:
+    def build_model(self, trainer: TrainerView, num_classes: int) -> nn.Module:
         raise NotImplementedError
 
-    def build_loss(self, trainer: Trainer, num_classes: int) -> LossFn:
+    def build_loss(self, trainer: TrainerView, num_classes: int) -> LossFn:
         raise NotImplementedError
 
-    def setup(self, trainer: Trainer) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         """After the optimizer, scheduler and EMA exist, before any step or resume."""
 
-    def before_optimizer_step(self, trainer: Trainer) -> None:
+    def before_optimizer_step(self, trainer: TrainerView) -> None:
         """After backward and gradient clipping, before the optimizer step."""
 
-    def after_optimizer_step(self, trainer: Trainer) -> None:
+    def after_optimizer_step(self, trainer: TrainerView) -> None:
         """After the optimizer step (and the trainer's EMA update)."""
 
-    def evaluate(self, trainer: Trainer, model: nn.Module) -> tuple[dict[str, Any], float]:
+    def evaluate(self, trainer: TrainerView, model: nn.Module) -> tuple[dict[str, Any], float]:
         """End-of-epoch metrics (entries of the epoch's row) and the score that picks the best checkpoint."""
         result = self._classify(trainer, model, trainer.data.val, trainer.data.val_batched)
         return dict(val_loss=result["loss"], val_top1=result["top1"], val_top5=result["top5"],
                     skipped_val_images=result["skipped"]), result["top1"]
 
-    def test_scores(self, trainer: Trainer, model: nn.Module) -> dict[str, float]:
-        """Scores of `model` on the test split, computed once at the end of a run (never for selection)."""
-        result = self._classify(trainer, model, trainer.data.test, trainer.data.test_batched)
+    def test_scores(self, trainer: TrainerView, model: nn.Module) -> dict[str, float]:
+        """Scores of `model` on the test split, computed once at the end of a run (never for selection), in
+        `resmlp eval`'s batches: the same checkpoint, precision and device give `resmlp eval`'s number."""
+        result = self._classify(trainer, model, trainer.data.test, trainer.data.test_batched, EVAL_BATCH_SIZE)
         return dict(top1=result["top1"], top5=result["top5"])
 
-    def _classify(self, trainer: Trainer, model: nn.Module, dataset, batched) -> dict[str, Any]:
-        batches = eval_batches_or_loader(dataset, batched, trainer.micro_batch, self.cfg.data.num_workers,
-                                         trainer.info)
+    def _classify(self, trainer: TrainerView, model: nn.Module, dataset, batched,
+                  batch_size: int | None = None) -> dict[str, Any]:
+        batches = eval_batches_or_loader(dataset, batched, batch_size or trainer.micro_batch,
+                                         self.cfg.data.num_workers, trainer.info, trainer.info.device)
         return classify(model, batches, len(trainer.data.class_names), trainer.info.device, trainer.amp,
                         trainer.info)
 
-    def model_to_save(self, trainer: Trainer) -> nn.Module:
+    def model_to_save(self, trainer: TrainerView) -> nn.Module:
         """The network evaluated and written to best/last.safetensors."""
         return trainer.ema.module if trainer.ema is not None else trainer.model
 
@@ -113,7 +115,7 @@ class SupervisedTask(Task):
 
     name = "supervised"
 
-    def build_model(self, trainer: Trainer, num_classes: int) -> nn.Module:
+    def build_model(self, trainer: TrainerView, num_classes: int) -> nn.Module:
         cfg = self.cfg
         if cfg.model_name.kind == "preset":  # the config was validated with exactly these overrides
             from resmlp.models.resmlp import ResMLP
@@ -122,7 +124,7 @@ class SupervisedTask(Task):
         overrides = {k: v for k, v in cfg.model_overrides.items() if k not in ("img_size", "num_classes")}
         return build_model(cfg.model_name, num_classes=num_classes, **overrides)
 
-    def build_loss(self, trainer: Trainer, num_classes: int) -> LossFn:
+    def build_loss(self, trainer: TrainerView, num_classes: int) -> LossFn:
         return supervised_loss(self.cfg, num_classes)
 
 
@@ -131,7 +133,7 @@ class DistillationTask(SupervisedTask):
 
     name = "distillation"
 
-    def build_loss(self, trainer: Trainer, num_classes: int) -> LossFn:
+    def build_loss(self, trainer: TrainerView, num_classes: int) -> LossFn:
         kd = self.cfg.distill
         in_chans, img_size = self.cfg.input_shape()
         teacher = load_teacher(kd.teacher, num_classes, in_chans, kd.weights, kd.allow_random_teacher)
@@ -143,7 +145,7 @@ class DistillationTask(SupervisedTask):
         self.teacher_model = teacher
         return DistillationLoss(supervised_loss(self.cfg, num_classes), teacher, kd.type, kd.alpha, kd.tau, kd.cache)
 
-    def setup(self, trainer: Trainer) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         """The teacher's own accuracy on the validation data, recorded beside the student's."""
         _, top1 = super().evaluate(trainer, self.teacher_model)
         self.teacher_record["val_top1"] = top1
@@ -158,7 +160,7 @@ class FinetuneTask(SupervisedTask):
 
     name = "finetune"
 
-    def build_model(self, trainer: Trainer, num_classes: int) -> nn.Module:
+    def build_model(self, trainer: TrainerView, num_classes: int) -> nn.Module:
         from resmlp.models.resmlp import ResMLP
 
         start = load_resmlp_start(self.cfg.model["name"], self.cfg.finetune.img_size)
@@ -169,19 +171,6 @@ class FinetuneTask(SupervisedTask):
         if unexpected or not all(k.startswith("head.") for k in missing):
             raise RuntimeError(f"fine-tuning start does not fit its own config: {missing[:3]} {unexpected[:3]}")
         return freeze_layers(model, self.cfg.finetune.freeze)
-
-
-def task_for(cfg: TrainConfig) -> Task:
-    """The task a config asks for (`task`, or inferred from model.name and distill.teacher)."""
-    name = cfg.task_name
-    if name == "dino":
-        from resmlp.train.dino import DINOTask
-
-        return DINOTask(cfg)
-    if name == "finetune" and cfg.distill.teacher:
-        raise ValueError("fine-tuning with a distillation teacher is not supported; distil from scratch "
-                         "(model.name a preset) or fine-tune without distill.teacher")
-    return {"supervised": SupervisedTask, "distillation": DistillationTask, "finetune": FinetuneTask}[name](cfg)
 
 
 # ------------------------------------------------------------------------------------------ teachers

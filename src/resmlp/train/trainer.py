@@ -10,16 +10,12 @@ crops (DINO).
 from __future__ import annotations
 
 import contextlib
-import copy
-import math
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
@@ -32,7 +28,7 @@ from resmlp.checkpoint import save
 from resmlp.data import ResumableSampler, SeededDataset, collate_skipping
 from resmlp.data.assemble import build_data
 from resmlp.data.batch_augment import array_batches
-from resmlp.hostinfo import host_info
+from resmlp.data.prefetch import DevicePrefetcher
 from resmlp.models.fused_block import set_fused_training
 from resmlp.runtime import (
     DistInfo,
@@ -41,11 +37,13 @@ from resmlp.runtime import (
     barrier,
     compile_module,
     grad_scaler,
+    is_accelerator,
     resolve_amp,
-    to_device,
 )
 from resmlp.train.config import TrainConfig
+from resmlp.train.outputs import checkpoint_metadata, run_summary, score_test_split, side_outputs
 from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
+from resmlp.train.step import CompileChoice, RunningTotals, UpdateGuard, all_finite, total_grad_norm
 from resmlp.train.tasks import Task
 
 
@@ -85,10 +83,14 @@ class Trainer:
                              f"batch ({t.batch_size}); lower train.batch_size")
         self._build_optimization()
         self.loss_fn = task.build_loss(self, num_classes)
-        self.train_model: nn.Module = compile_module(self.model) if t.compile else self.model
+        self.compile_choice = CompileChoice(str(t.compile).lower(), device, info.world_size)
+        self.train_model: nn.Module = self._compiled(self.model) if self.compile_choice.decided else self.model
         if info.enabled:
             ids = [device.index] if device.type == "cuda" else None
             self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
+        self.guard = UpdateGuard(self.model, self.optimizer)
+        self.totals = RunningTotals(device)  # on the device; read once per log interval
+        self._loader: DataLoader | None = None  # built once: its workers persist across epochs
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.history: list[dict[str, Any]] = []
         self.best_top1, self.best_epoch = -1.0, -1
@@ -140,56 +142,90 @@ class Trainer:
         bar = self._progress_bar()
         micro_batches = self._micro_batches()
         epoch_start, images_seen = time.perf_counter(), 0
+        self.totals.reset()
+        self.loss_before = self.epoch_totals[0].item()  # a resumed epoch's loss sum so far (host tensor)
+        self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, 0.0
         while self.step_in_epoch < self.steps_per_epoch:
             seed_step(t.seed, self.global_step, self.info.rank)
             step_loss, images = self._forward_backward(micro_batches)
             images_seen += images
-            self._check_finite(step_loss)
-            self._optimizer_step()
-            self.epoch_totals[0] += step_loss.item() / t.grad_accum
+            self._optimizer_step(step_loss)
             self.epoch_totals[1] += 1
             self.step_in_epoch += 1
             self.global_step += 1
+            self._maybe_compile()
             if bar is not None:
-                elapsed = time.perf_counter() - epoch_start
-                bar.set_postfix(loss=f"{step_loss.item() / t.grad_accum:.4f}",
-                                lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
-                                img_s=f"{images_seen * self.info.world_size / max(elapsed, 1e-9):.0f}", refresh=False)
                 bar.update(1)
             every = t.checkpoint_every_steps
-            if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
+            save_now = every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch
+            if save_now or self._read_due():
+                self._read(bar, images_seen, epoch_start)
+            if save_now:
                 self._save_state()
+        if self.steps_at_read != self.step_in_epoch or self.step_in_epoch == 0:
+            self._read(bar, images_seen, epoch_start)
         if bar is not None:
             bar.close()
         self.epoch_seconds = time.perf_counter() - epoch_start
         self.epoch_images = images_seen * self.info.world_size
 
+    def _read_due(self) -> bool:
+        """Read the device totals every train.log_every_steps steps, or (0: auto) every half second."""
+        every = self.cfg.train.log_every_steps
+        if every:
+            return (self.step_in_epoch - self.steps_at_read) >= every
+        return time.perf_counter() - self.last_read >= 0.5
+
+    def _read(self, bar, images_seen: int, epoch_start: float) -> None:
+        """The one host read of a log interval: the loss sum and the first non-finite step (then stop)."""
+        loss_sum, first_bad = self.totals.read()
+        if first_bad >= 0:
+            self._stop_non_finite(f"the loss or gradients became NaN/infinite at {self._where(first_bad)}")
+        self.epoch_totals[0] = self.loss_before + loss_sum
+        steps = self.step_in_epoch - self.steps_at_read
+        if bar is not None and steps:
+            elapsed = time.perf_counter() - epoch_start
+            bar.set_postfix(loss=f"{(loss_sum - self.loss_at_read) / steps / self.cfg.train.grad_accum:.4f}",
+                            lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                            img_s=f"{images_seen * self.info.world_size / max(elapsed, 1e-9):.0f}", refresh=False)
+        self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, loss_sum
+
     def _forward_backward(self, micro_batches: Iterator) -> tuple[torch.Tensor, int]:
-        """One optimizer step's forward and backward passes over grad_accum micro-batches: (loss sum, images)."""
+        """One optimizer step's forward and backward passes over grad_accum micro-batches: (loss sum on the
+        device, images)."""
         t, info = self.cfg.train, self.info
-        step_loss, images_seen = torch.zeros((), dtype=torch.float64), 0
+        step_loss, images_seen = torch.zeros((), dtype=torch.float32, device=info.device), 0
         for micro in range(t.grad_accum):
-            images, targets, skipped = next(micro_batches)
-            images = to_device(images, info.device, t.channels_last)  # a tensor, or a list of crops
-            targets = targets.to(info.device, non_blocking=True)
+            images, targets, skipped = next(micro_batches)  # already on the device (DevicePrefetcher)
+            if self.compile_choice.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             sync = micro == t.grad_accum - 1 or not info.enabled
             with (contextlib.nullcontext() if sync else self.train_model.no_sync()), autocast(info.device, self.amp):
                 loss = self.loss_fn(self.train_model, images, targets)
                 scaled = loss / t.grad_accum
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            step_loss += loss.detach().double().cpu()
+            step_loss += loss.detach().float()
             self.epoch_totals[2] += skipped
             images_seen += len(targets)
         return step_loss, images_seen
 
     def _micro_batches(self) -> Iterator[tuple[Any, torch.Tensor, int]]:
-        """(images, targets, skipped) of this rank from the sampler's position: whole in-memory batches
-        augmented in this process, or a DataLoader applying the per-image transform in workers."""
+        """(images, targets, skipped) of this rank from the sampler's position, on the training device: whole
+        in-memory batches augmented where the model runs (the dataset kept on a GPU), or a DataLoader applying
+        the per-image transform in workers that persist across epochs, the next batch copied ahead."""
+        device, t = self.info.device, self.cfg.train
         if self.data.train_augment is not None:
-            return array_batches(self.data.train, self.sampler, self.micro_batch, self.data.train_augment)
-        return iter(DataLoader(SeededDataset(self.data.train), batch_size=self.micro_batch, sampler=self.sampler,
-                               num_workers=self.cfg.data.num_workers, collate_fn=collate_skipping, drop_last=True,
-                               pin_memory=self.info.device.type == "cuda", persistent_workers=False))
+            batches = array_batches(self.data.train, self.sampler, self.micro_batch, self.data.train_augment,
+                                    device=device if is_accelerator(device) else None)
+        else:
+            if self._loader is None:
+                workers = self.cfg.data.num_workers
+                self._loader = DataLoader(SeededDataset(self.data.train), batch_size=self.micro_batch,
+                                          sampler=self.sampler, num_workers=workers, collate_fn=collate_skipping,
+                                          drop_last=True, pin_memory=is_accelerator(device),
+                                          persistent_workers=workers > 0)
+            batches = self._loader
+        return DevicePrefetcher(batches, device, t.channels_last)
 
     def _progress_bar(self):
         if not (self.cfg.train.progress and self.info.is_main):
@@ -199,45 +235,63 @@ class Trainer:
         return tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch, dynamic_ncols=True,
                     desc=f"epoch {self.epoch + 1}/{self.cfg.schedule.epochs}")
 
-    def _check_finite(self, step_loss: torch.Tensor | None = None) -> None:
-        """Stop on a non-finite step loss, or (step_loss None, at the end of an epoch) non-finite weights: the
-        last epoch's update can break the weights with no later loss to show it, and a checkpoint of them is
-        no good checkpoint."""
-        if step_loss is not None:
-            finite, what = math.isfinite(step_loss.item()), f"the loss became {step_loss.item()}"
-        else:
-            finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
-            what = "the weights became NaN/infinite"
-        # every rank must stop together, so the verdict is summed over ranks
-        bad = all_reduce_sum(torch.tensor([0.0 if finite else 1.0]), self.info)
-        if bad.item() > 0:
-            where = f"epoch {self.epoch + 1}, step {self.step_in_epoch + 1} (global step {self.global_step + 1})"
-            last = self.out / STATE_FILE
-            kept = f"the last good checkpoint {last} is intact" if last.exists() else "no checkpoint was written yet"
-            raise NonFiniteLossError(
-                f"{what} at {where}, lr {self.optimizer.param_groups[0]['lr']:.3g}; training stopped and {kept}. "
-                "Resume it with a lower learning rate (--resume --set optim.lr=...), set train.clip_grad (e.g. 1.0) "
-                "or use train.amp=none")
+    def _where(self, global_step: int) -> str:
+        epoch, step = divmod(global_step, self.steps_per_epoch)
+        return f"epoch {epoch + 1}, step {step + 1} (global step {global_step + 1})"
 
-    def _optimizer_step(self) -> None:
+    def _stop_non_finite(self, what: str) -> None:
+        last = self.out / STATE_FILE
+        kept = f"the last good checkpoint {last} is intact" if last.exists() else "no checkpoint was written yet"
+        raise NonFiniteLossError(
+            f"{what}, lr {self.optimizer.param_groups[0]['lr']:.3g}; training stopped (that step's update was "
+            f"skipped) and {kept}. Resume it with a lower learning rate (--resume --set optim.lr=...), set "
+            "train.clip_grad (e.g. 1.0) or use train.amp=none")
+
+    def _check_weights(self) -> None:
+        """Non-finite weights at the end of an epoch (one read): a checkpoint of them is no good checkpoint."""
+        finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
+        bad = all_reduce_sum((~finite).to(torch.float64).view(1), self.info)  # every rank stops together
+        if bad.item() > 0:
+            self._stop_non_finite(f"the weights became NaN/infinite by the end of epoch {self.epoch + 1}")
+
+    def _optimizer_step(self, step_loss: torch.Tensor) -> None:
+        """Clip, step, schedule, EMA, with the update undone on the device if the loss or gradients are not
+        finite (fp16: the GradScaler skips steps with non-finite gradients itself)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        if self.cfg.train.clip_grad:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad)
+        grad_norm = total_grad_norm(self.model, self.cfg.train.clip_grad) if self.scaler is None else None
+        ok = all_finite(step_loss, grad_norm)
+        if self.info.enabled:  # one verdict for all ranks (no host read: a collective on the device)
+            ok = all_reduce_sum((~ok).to(torch.int32).view(1), self.info)[0] == 0
         self.task.before_optimizer_step(self)
+        before = self.guard.before_step()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
+        self.guard.after_step(before, ok)
         self.optimizer.zero_grad(set_to_none=True)
+        self.totals.add(step_loss, ok, self.global_step)
         self.scheduler.step_update(self.global_step + 1)
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step + 1)
         self.task.after_optimizer_step(self)
 
+    def _compiled(self, module: nn.Module) -> nn.Module:
+        return compile_module(module, cuda_graphs=self.compile_choice.cuda_graphs)
+
+    def _maybe_compile(self) -> None:
+        """train.compile=auto: compile once the eager steps say the rest of the run pays for it."""
+        remaining = (self.cfg.schedule.epochs - self.epoch) * self.steps_per_epoch - self.step_in_epoch
+        sync = torch.cuda.synchronize if self.info.device.type == "cuda" else (lambda: None)
+        if self.compile_choice.after_step(remaining, sync):
+            self.train_model = self._compiled(self.train_model)
+            if self.info.is_main:
+                print(self.compile_choice.reason + ": compiling", flush=True)
+
     def _end_epoch(self) -> None:
-        self._check_finite()
+        self._check_weights()
         eval_model = self.task.model_to_save(self)
         metrics, score = self.task.evaluate(self, eval_model)
         totals = all_reduce_sum(self.epoch_totals.clone(), self.info)
@@ -256,60 +310,18 @@ class Trainer:
         self._save_state()
         if self.info.is_main:
             print(self.task.epoch_message(row, self.cfg.schedule.epochs), flush=True)
-            save(eval_model, self.out / "last.safetensors", self._metadata(row))
+            save(eval_model, self.out / "last.safetensors", checkpoint_metadata(self, row))
             if improved:
-                save(eval_model, self.out / "best.safetensors", self._metadata(row))
-            self._side_outputs(row)
-
-    def _side_outputs(self, row: dict[str, Any]) -> None:
-        """Metrics CSV, learning curves and TensorBoard: a failure here is a warning, never a lost run."""
-        for what, write in (("metrics.csv", lambda: reporting.write_metrics_csv(self.out / "metrics.csv",
-                                                                                self.history)),
-                            ("learning_curves.png", lambda: self.task.plot(self.out / "learning_curves.png",
-                                                                           self.history)),
-                            ("TensorBoard log", lambda: self.tb.log(row))):
-            try:
-                write()
-            except Exception as e:  # a side output must not stop training: the state is already saved
-                warnings.warn(f"could not write {what} in {self.out} ({type(e).__name__}: {e}); training goes on",
-                              stacklevel=2)
+                save(eval_model, self.out / "best.safetensors", checkpoint_metadata(self, row))
+            side_outputs(self, row)
 
     def _save_state(self) -> None:
         if self.info.is_main:
             save_state(self.out / STATE_FILE, snapshot(self))
         barrier(self.info)
 
-    def _metadata(self, row: dict[str, Any]) -> dict[str, Any]:
-        scores = {k: v for k, v in row.items() if k in ("val_top1", "val_top5", "knn_top1")}
-        return dict(class_names=self.data.class_names, preprocess=self.data.preprocess.to_dict(),
-                    dataset=self.cfg.data.kind, recipe=self.cfg.recipe, epoch=row["epoch"], **scores)
-
     def _finish(self) -> dict[str, Any]:
-        best = next(r for r in self.history if r["epoch"] == self.best_epoch)
-        selected_test, final_test = self._test_scores()
-        summary = dict(
-            **self.task.scores(best, selected_test, final_test), selected_epoch=self.best_epoch, epochs=self.epoch,
-            validation=self.data.validation, wall_seconds=round(self.wall_before + time.perf_counter() - self.t0, 1),
-            checkpoint=str((self.out / "best.safetensors").resolve()),
-            last_checkpoint=str((self.out / "last.safetensors").resolve()),
-            state=str((self.out / STATE_FILE).resolve()), recipe=self.cfg.recipe, task=self.task.name,
-            model=self.cfg.model, dataset=self.cfg.data.kind, global_batch=self.cfg.train.batch_size, lr=self.lr,
-            amp=self.amp, world_size=self.info.world_size, host=host_info(self.amp),
-            metrics=str((self.out / "metrics.csv").resolve()),
-            learning_curves=str((self.out / "learning_curves.png").resolve()), **self.task.summary_extra(),
-        )
+        summary = run_summary(self, *score_test_split(self))
         if self.info.is_main:
             reporting.write_json(self.out / "summary.json", summary)
         return summary
-
-    def _test_scores(self) -> tuple[dict[str, float] | None, dict[str, float] | None]:
-        """The test split scored once, after training: the selected (best on validation) and the last
-        checkpoint. Never used for any choice."""
-        if self.data.test is None:
-            return None, None
-        barrier(self.info)  # rank 0 wrote best.safetensors after the last barrier
-        last = self.task.model_to_save(self)
-        final_test = self.task.test_scores(self, last)
-        selected = copy.deepcopy(last)
-        selected.load_state_dict(load_file(self.out / "best.safetensors", device=str(self.info.device)))
-        return self.task.test_scores(self, selected), final_test

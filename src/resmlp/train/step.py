@@ -1,0 +1,147 @@
+"""What a training step keeps on the device, so that a GPU never waits for the host between steps.
+
+- `RunningTotals`: the loss sum and the first non-finite step, accumulated on the device and read once per
+  log interval (`read`) instead of once per step.
+- `UpdateGuard`: the optimizer step skips its own update on the device when the loss or the gradients are not
+  finite (as GradScaler skips fp16 steps, but without reading the verdict on the host): the parameters and the
+  optimizer state are put back as they were before the step. The run stops at the next read, naming the step.
+- `CompileChoice`: `train.compile: auto` measures the eager step, then compiles when the rest of the run is
+  long enough to pay for the compilation.
+
+torch and timm have no step guard that works for every optimizer without a host read (GradScaler reads
+`found_inf` on the host; only torch's fused Adam/SGD take it as a tensor), hence UpdateGuard.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# seconds a compilation costs, as measured (docs/training.md): inductor on the quickstart model, 2-core CPU
+# ~25 s; an H100 18.5 s (default mode) and 7.6 s (CUDA graphs). `auto` compiles when the eager estimate of the
+# rest of the run exceeds COMPILE_PAYS_AFTER seconds: a few times the cost, so a short run never pays more
+# for compiling than it saves.
+COMPILE_PAYS_AFTER = {"cpu": 90.0, "cuda": 60.0}
+TIMED_STEPS = 6  # eager steps timed by `auto` (after two warm-up steps)
+
+
+class RunningTotals:
+    """Loss sum and first non-finite step of the current epoch, on the device until `read`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)
+
+    def add(self, step_loss: torch.Tensor, finite: torch.Tensor, global_step: int) -> None:
+        """A step's loss (only when finite: the epoch's mean stays readable) and its verdict."""
+        self.loss_sum += torch.where(finite, step_loss.double(), 0.0)
+        self.first_bad_step.copy_(torch.where((self.first_bad_step < 0) & ~finite, global_step,
+                                              self.first_bad_step))
+
+    def read(self) -> tuple[float, int]:
+        """(loss sum, first non-finite global step or -1): one host read for both."""
+        loss_sum, first_bad = torch.stack([self.loss_sum, self.first_bad_step.double()]).tolist()
+        return loss_sum, int(first_bad)
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.first_bad_step.fill_(-1)
+
+
+class UpdateGuard:
+    """Undo, on the device, an optimizer step taken with a non-finite loss or gradient."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.backup: list[torch.Tensor] = []
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every parameter and floating-point optimizer-state tensor (moments, step counts)."""
+        tensors = [p.data for p in self.model.parameters()]
+        for state in self.optimizer.state.values():
+            tensors += [v for v in state.values() if torch.is_tensor(v) and v.is_floating_point()]
+        return tensors
+
+    def before_step(self) -> list[torch.Tensor]:
+        tensors = self._tensors()
+        if [b.shape for b in self.backup] != [t.shape for t in tensors]:
+            self.backup = [torch.empty_like(t) for t in tensors]
+        if tensors:
+            torch._foreach_copy_(self.backup, tensors)
+        return tensors
+
+    def after_step(self, before: list[torch.Tensor], ok: torch.Tensor) -> None:
+        """Keep the step where `ok`, else restore what `before_step` saw; state the step created (the first
+        step's moments) goes back to zero, what Adam, LAMB and SGD start from."""
+        seen = {t.data_ptr() for t in before}  # by storage: `p.data` is a new tensor object at every call
+        for tensor, saved in zip(before, self.backup, strict=True):
+            torch.where(ok, tensor, saved, out=tensor)
+        for tensor in self._tensors():
+            if tensor.data_ptr() not in seen:
+                torch.where(ok, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device), out=tensor)
+
+
+def all_finite(loss: torch.Tensor, grad_norm: torch.Tensor | None) -> torch.Tensor:
+    """A device bool: the loss and (when given) the total gradient norm are finite."""
+    finite = torch.isfinite(loss)
+    return finite & torch.isfinite(grad_norm) if grad_norm is not None else finite
+
+
+def total_grad_norm(model: nn.Module, clip: float | None) -> torch.Tensor | None:
+    """The total gradient norm (clipping to `clip` when set): NaN/inf when any gradient is."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    if clip:
+        return nn.utils.clip_grad_norm_(grads, clip)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+@dataclass
+class CompileChoice:
+    """`train.compile` auto / true / false for one process. auto: eager for 2 warm-up and TIMED_STEPS timed steps,
+    then compile when the rest of the run, at the eager speed, would last longer than COMPILE_PAYS_AFTER.
+    On one GPU the compiled step is captured as CUDA graphs (mode reduce-overhead: training shapes are static,
+    drop_last), which removes the launch overhead that dominates small models."""
+
+    setting: str
+    device: torch.device
+    world_size: int = 1
+    decided: bool | None = None
+    reason: str = ""
+    _start: float = 0.0
+    _steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.setting != "auto":
+            self.decided = self.setting == "true"
+            self.reason = f"train.compile={self.setting}"
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return bool(self.decided) and self.device.type == "cuda" and self.world_size == 1
+
+    def summary(self) -> dict[str, object]:
+        return dict(compiled=bool(self.decided), cuda_graphs=self.cuda_graphs, why=self.reason)
+
+    def after_step(self, remaining_steps: int, sync) -> bool | None:
+        """Called after each step; True exactly once, when auto decides to compile (the caller compiles)."""
+        if self.decided is not None:
+            return None
+        self._steps += 1
+        if self._steps == 2:
+            sync()
+            self._start = time.perf_counter()
+        elif self._steps == 2 + TIMED_STEPS or remaining_steps == 0:
+            sync()
+            per_step = (time.perf_counter() - self._start) / max(self._steps - 2, 1)
+            limit = COMPILE_PAYS_AFTER.get(self.device.type, COMPILE_PAYS_AFTER["cuda"])
+            self.decided = remaining_steps * per_step > limit
+            self.reason = (f"train.compile=auto: {remaining_steps} steps left at {per_step * 1000:.1f} ms eager "
+                           f"= {remaining_steps * per_step:.0f} s {'>' if self.decided else '<='} {limit:.0f} s")
+            return self.decided
+        return None
