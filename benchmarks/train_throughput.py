@@ -2,6 +2,10 @@
 
     .venv/bin/python benchmarks/train_throughput.py [--rounds 7] [--steps 2] [--batch 32] [--img-size 224]
         [--precision fp32 bf16] [--compile] [--threads N] [--json results.json] [--config s12|quickstart]
+        [--device cpu|cuda]
+
+On a GPU (`--device cuda --precision bf16 --compile --batch 128`, then 256) every timed block ends with a device
+synchronisation, the GEMM peak is the same product on the GPU, and AdamW is torch's fused one.
 
 One training step = forward + cross-entropy + backward + AdamW step on random 3-channel images. Variants:
 `ours` (the default training path, fused blocks), `ours-plain` (the unfused blocks, for reference),
@@ -54,7 +58,7 @@ def host_info() -> dict[str, object]:
     return {**hostinfo.host_info(), "resmlp": getattr(resmlp, "__version__", "dev")}
 
 
-def build(variant: str, config: dict[str, object], img_size: int) -> torch.nn.Module:
+def build(variant: str, config: dict[str, object], img_size: int, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(0)
     if variant.startswith("timm"):
         model = MlpMixer(
@@ -65,20 +69,26 @@ def build(variant: str, config: dict[str, object], img_size: int) -> torch.nn.Mo
     else:
         model = resmlp.create_model("resmlp_s12", img_size=img_size, **config)
         set_fused_training(model, variant != "ours-plain")
-    model.train()
+    model.to(device).train()
     return torch.compile(model) if variant.endswith("compiled") else model
 
 
-def autocast(precision: str) -> contextlib.AbstractContextManager:
-    return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def make_step(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tensor,
               precision: str) -> Callable[[], None]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    device = images.device
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda" or None)
 
     def step() -> None:
-        with autocast(precision):
+        with autocast(precision, device):
             loss = torch.nn.functional.cross_entropy(model(images), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -89,30 +99,31 @@ def make_step(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tenso
 
 def step_matmul_flops(config: dict[str, object], images: torch.Tensor, targets: torch.Tensor) -> int:
     """Matrix-product FLOPs (mm, addmm, bmm, convolution) of one forward + backward of the plain model."""
-    model = build("ours-plain", config, images.shape[-1])
+    model = build("ours-plain", config, images.shape[-1], images.device)
     with FlopCounterMode(display=False) as counter:
         torch.nn.functional.cross_entropy(model(images), targets).backward()
     return counter.get_total_flops()
 
 
 def make_gemm(config: dict[str, object], batch: int, img_size: int,
-              precision: str) -> tuple[Callable[[], None], int]:
+              precision: str, device: torch.device) -> tuple[Callable[[], None], int]:
     """The model's largest product (tokens x C @ C x 4C) in the step's precision, and its FLOPs."""
     rows, dim = batch * (img_size // config["patch_size"]) ** 2, config["dim"]
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a, b = torch.randn(rows, dim, dtype=dtype), torch.randn(dim, 4 * dim, dtype=dtype)
+    a, b = torch.randn(rows, dim, dtype=dtype, device=device), torch.randn(dim, 4 * dim, dtype=dtype, device=device)
     return (lambda: torch.mm(a, b)), 2 * rows * dim * 4 * dim
 
 
 def measure(precision: str, variants: list[str], args: argparse.Namespace) -> dict[str, object]:
-    config = CONFIGS[args.config]
-    images = torch.randn(args.batch, config["in_chans"], args.img_size, args.img_size)
-    targets = torch.randint(0, config["num_classes"], (args.batch,))
-    steps = {v: make_step(build(v, config, args.img_size), images, targets, precision) for v in variants}
-    gemm, gemm_flops = make_gemm(config, args.batch, args.img_size, precision)
+    config, device = CONFIGS[args.config], torch.device(args.device)
+    images = torch.randn(args.batch, config["in_chans"], args.img_size, args.img_size, device=device)
+    targets = torch.randint(0, config["num_classes"], (args.batch,), device=device)
+    steps = {v: make_step(build(v, config, args.img_size, device), images, targets, precision) for v in variants}
+    gemm, gemm_flops = make_gemm(config, args.batch, args.img_size, precision, device)
     for step in steps.values():  # warm-up: allocator, kernels, compilation
         for _ in range(args.warmup):
             step()
+    synchronize(device)
     rates: dict[str, list[float]] = {v: [] for v in variants}
     peaks: list[float] = []
     for r in range(args.rounds):
@@ -121,10 +132,12 @@ def measure(precision: str, variants: list[str], args: argparse.Namespace) -> di
             start = time.perf_counter()
             for _ in range(args.steps):
                 steps[variant]()
+            synchronize(device)
             rates[variant].append(args.batch * args.steps / (time.perf_counter() - start))
         start = time.perf_counter()
         for _ in range(3):
             gemm()
+        synchronize(device)
         peaks.append(3 * gemm_flops / (time.perf_counter() - start))
     peak = max(peaks)  # the machine's best: the limit a step could reach
     limit = args.batch * peak / step_matmul_flops(config, images, targets)
@@ -179,6 +192,7 @@ def main() -> None:
     parser.add_argument("--malloc", choices=("resmlp", "glibc"), default="resmlp",
                         help="resmlp: the allocator setting resmlp's training uses; glibc: malloc left as it starts")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     args = parser.parse_args()
     patch = CONFIGS[args.config]["patch_size"]
     args.img_size = args.img_size or (28 if args.config == "quickstart" else 224)
@@ -191,7 +205,12 @@ def main() -> None:
     if args.malloc == "resmlp":
         keep_freed_memory(True)
     host = host_info()
-    precisions = args.precision or (["fp32", "bf16"] if host["native_bf16"] else ["fp32"])
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no CUDA GPU is visible")
+        host["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
+        print(f"device: {host['gpu']}")
+    precisions = args.precision or (["fp32", "bf16"] if host["native_bf16"] or args.device != "cpu" else ["fp32"])
     variants = args.variants or list(EAGER + (COMPILED if args.compile else ()))
     print(f"host: {host['cpu']}, capability {host['cpu_capability']}, native bf16 {host['native_bf16']}, "
           f"{host['threads']} threads; torch {host['torch']}, timm {host['timm']}")
@@ -203,7 +222,7 @@ def main() -> None:
         report(results[-1])
     if args.json:
         settings = {k: getattr(args, k) for k in ("config", "batch", "img_size", "rounds", "steps", "warmup",
-                                                  "malloc")}
+                                                  "malloc", "device")}
         tmp = args.json.with_suffix(args.json.suffix + ".tmp")
         tmp.write_text(json.dumps({"host": host, "settings": settings, "results": results}, indent=2))
         tmp.replace(args.json)  # atomic
