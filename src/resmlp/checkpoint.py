@@ -114,6 +114,9 @@ def _decode_metadata(raw: dict[str, str], path: Path | str = "checkpoint") -> di
                 meta[key] = json.loads(raw[key])
             except json.JSONDecodeError as e:
                 raise CheckpointError(f"{path}: metadata {key!r} is not valid JSON ({e})") from None
+            except RecursionError:  # json's decoder recurses once per level of nesting
+                raise CheckpointError(f"{path}: metadata {key!r} is nested thousands of levels deep; this "
+                                      "project writes a few levels: the file was made or edited by hand") from None
             if not isinstance(meta[key], dict):
                 raise CheckpointError(f"{path}: metadata {key!r} must be a JSON object, not "
                                       f"{type(meta[key]).__name__} ({raw[key][:80]!r}); re-save the file")

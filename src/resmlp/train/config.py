@@ -16,11 +16,17 @@ from typing import Any
 
 import yaml
 
+from resmlp.errors import ConfigError
 from resmlp.train.sections import SECTIONS, TRAINING_FIELDS, TrainConfig
 from resmlp.train.validation import validate
 
 # the names other modules import from here
 __all__ = ["RECIPES", "TRAINING_FIELDS", "TrainConfig", "load_config", "parse_overrides", "recipe_path"]
+
+# a recipe is a small document: the shipped ones are under 4 KiB, 4 levels deep and a few hundred values
+MAX_RECIPE_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+MAX_YAML_VALUES = 100_000  # counted with every alias expanded: a "billion laughs" document stops here
 
 # every YAML file shipped in resmlp/recipes is a recipe, by its file name
 RECIPES = tuple(sorted(p.name.removesuffix(".yaml") for p in (resources.files("resmlp") / "recipes").iterdir()
@@ -46,18 +52,25 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
                 overrides: dict[str, Any] | list[str] | None = None) -> TrainConfig:
     """Recipe (name, YAML path, dict or TrainConfig) + overrides ({"optim.lr": 1e-3} or ["optim.lr=1e-3"])."""
     if isinstance(recipe, TrainConfig):
-        raw, name = recipe.to_dict(), recipe.recipe
+        raw, name, origin = recipe.to_dict(), recipe.recipe, "the config given"
     elif isinstance(recipe, dict):
-        raw, name = dict(recipe), recipe.get("recipe", "custom")
+        raw, name, origin = dict(recipe), recipe.get("recipe", "custom"), "the config given"
     else:
         path = recipe_path(recipe)
-        raw = yaml.safe_load(path.read_text()) or {}
+        if path.stat().st_size > MAX_RECIPE_BYTES:
+            raise ConfigError(f"recipe {path}: {path.stat().st_size} bytes; a recipe is a small document "
+                              f"(at most {MAX_RECIPE_BYTES} bytes)")
+        raw = load_yaml(path.read_text(), f"recipe {path}") or {}
         if not isinstance(raw, dict):
-            raise ValueError(f"{path}: a recipe is a mapping of sections (model, data, optim, ...)")
+            raise ConfigError(f"{path}: a recipe is a mapping of sections (model, data, optim, ...)")
         name = str(recipe) if str(recipe) in RECIPES else path.stem
+        origin = f"recipe {recipe}"
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    sources = {f"{section}.{key}": origin for section, values in raw.items() if isinstance(values, dict)
+               for key in values}
     for dotted, value in parse_overrides(overrides).items():
         section, _, key = dotted.partition(".")
+        sources[dotted] = "the overrides (a flag or --set)"
         if dotted == "task":
             raw["task"] = value
             continue
@@ -69,7 +82,7 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
             raise ValueError(f"{section} is not a section; sections: model, {', '.join(SECTIONS)}")
         raw[section][key] = value
     raw.setdefault("recipe", name)
-    return validate(raw)
+    return validate(raw, sources)
 
 
 def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
@@ -83,6 +96,41 @@ def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, A
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--set {item!r}: expected section.key=value, e.g. --set optim.lr=1e-3")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = load_yaml(value, f"--set {key.strip()}")
     return out
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """YAML as PyYAML's safe loader reads it, refused when it nests deeper than MAX_YAML_DEPTH or expands
+    (aliases included) to more than MAX_YAML_VALUES values, before anything is built from it."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_size(node, source)
+        return loader.construct_document(node)
+    except RecursionError:  # the composer recurses once per level: a deeper document than Python's stack
+        raise ConfigError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels; a recipe is a small "
+                          "document of sections and keys") from None
+    finally:
+        loader.dispose()
+
+
+def _check_yaml_size(root: yaml.Node, source: str) -> None:
+    """Walk the node graph as a tree (an alias is walked each time it is used), iteratively, with bounds."""
+    stack, seen = [(root, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels; a recipe is a small "
+                              "document of sections and keys")
+        if seen > MAX_YAML_VALUES:
+            raise ConfigError(f"{source}: expands to more than {MAX_YAML_VALUES} values (YAML aliases?); a recipe "
+                              "is a small document of sections and keys")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend((part, depth + 1) for pair in node.value for part in pair)
 

@@ -6,18 +6,46 @@ lists every problem, so a user fixes them all in one go.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
+from resmlp.complexity import training_memory_bytes
 from resmlp.data import KINDS
+from resmlp.errors import ConfigError
+from resmlp.hostinfo import physical_memory_bytes
 from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
 
+# the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
+# memory runs out, or a zero would fail deep inside the run. The model's sizes are bounded by ResMLPConfig itself.
+RANGES: dict[str, tuple[float, float]] = {
+    "data.val_size": (0, 10_000_000), "data.synthetic_classes": (1, 100_000), "data.num_workers": (0, 256),
+    "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096), "data.crop_pct": (1e-3, 1),
+    "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1),
+    "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
+    "schedule.decay_rate": (0, 1),
+    "train.batch_size": (1, 1 << 20), "train.grad_accum": (1, 65536), "train.threads": (1, 4096),
+    "train.checkpoint_every_steps": (0, 1 << 40), "train.clip_grad": (0, 1e9),
+    "distill.tau": (1e-3, 1e3), "finetune.img_size": (1, 4096),
+    "dino.out_dim": (1, 1 << 20), "dino.hidden_dim": (1, 65536), "dino.bottleneck_dim": (1, 65536),
+    "dino.num_local": (0, 64), "dino.local_size": (1, 4096), "dino.knn_k": (1, 100_000),
+    "dino.teacher_temp": (1e-4, 100), "dino.warmup_teacher_temp": (1e-4, 100), "dino.student_temp": (1e-4, 100),
+    "dino.knn_temperature": (1e-4, 100), "dino.center_momentum": (0, 1),
+    "dino.warmup_teacher_temp_epochs": (0, 100_000), "dino.freeze_last_layer_epochs": (0, 100_000),
+}
+SIZE_LISTS = {"data.synthetic_size": (1, 10_000_000)}  # every item of these lists
 
-def validate(raw: dict[str, Any]) -> TrainConfig:
-    """Check every section, key, type and value; raise one ValueError listing all problems."""
+
+def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> TrainConfig:
+    """Check every section, key, type and value; raise one ConfigError listing all problems.
+
+    `sources` names where a dotted key's value came from (a recipe file, the command line), for the messages;
+    keys without one are named as the recipe's.
+    """
     errors: list[str] = []
     known = {"recipe", "task", "model", *SECTIONS}
     for key in raw:
@@ -39,10 +67,57 @@ def validate(raw: dict[str, Any]) -> TrainConfig:
         errors.append(f"task: {task!r} is not one of {', '.join(TASKS)}")
         task = None
     cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=dict(model), **sections)
+    errors += _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
+    if not errors:  # the memory estimate needs sizes that are each in range
+        errors += _check_memory(cfg)
     errors += _check_values(cfg)  # on the well-typed keys, so one run reports every problem
+    model_sources = (sorted({v for k, v in (sources or {}).items() if k.startswith("model.")})
+                     or [f"recipe {cfg.recipe}"])
+    errors = [f"{e} (model section from {' and '.join(model_sources)})" if e.startswith("model") else e
+              for e in errors]
     if errors:
-        raise ValueError("invalid training config:\n  " + "\n  ".join(errors))
+        raise ConfigError("invalid training config:\n  " + "\n  ".join(dict.fromkeys(errors)))
     return cfg
+
+
+def _check_ranges(cfg: TrainConfig, sources: dict[str, str], default_source: str) -> list[str]:
+    """Every float finite, every key of RANGES and SIZE_LISTS in its range; each error names the key, the
+    value, the allowed range and where the value came from."""
+    errors = []
+    for section in SECTIONS:
+        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
+            dotted = f"{section}.{key}"
+            source = sources.get(dotted, default_source)
+            items = value if isinstance(value, list) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+                errors.append(f"{dotted}={value!r} (from {source}): expected a finite number")
+                continue
+            low, high = RANGES.get(dotted) or SIZE_LISTS.get(dotted) or (None, None)
+            if low is None or value is None:
+                continue
+            if any(not low <= v <= high for v in items):
+                errors.append(f"{dotted}={value!r} (from {source}) is outside the allowed range [{low}, {high}]")
+    for key, value in cfg.model_overrides.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            errors.append(f"model.{key}={value!r} (from {sources.get(f'model.{key}', default_source)}): expected "
+                          "a finite number")
+    return errors
+
+
+def _check_memory(cfg: TrainConfig) -> list[str]:
+    """A preset model whose training would not fit in this machine's memory, refused before it is built."""
+    try:
+        config = cfg.model_config(cfg.data.synthetic_classes if cfg.data.kind == "synthetic" else None)
+    except (ValueError, TypeError):
+        return []  # _check_model reports it
+    micro_batch = max(1, cfg.train.batch_size // cfg.train.grad_accum)
+    need, have = training_memory_bytes(config, micro_batch), physical_memory_bytes()
+    if have is None or need <= have:
+        return []
+    return [f"model: training {cfg.model['name']} (dim {config.dim}, depth {config.depth}, {config.img_size} px) at "
+            f"a batch of {micro_batch} needs at least {need / 2**30:.1f} GiB for weights, optimizer state and "
+            f"activations, more than this machine's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
+            "train.grad_accum), model.dim, model.depth or model.img_size"]
 
 
 def _unknown(key: str, known, what: str, where: str = "") -> str:
