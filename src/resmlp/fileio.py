@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -59,9 +60,11 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         os.fchmod(fd, 0o666 & ~_UMASK)
         os.close(fd)
         fd = -1
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        try:
+            write(tmp)
+        except Exception as e:
+            raise _as_disk_error(e, path) from e
+        _finish(tmp)
         os.replace(tmp, path)
     except BaseException:
         if fd >= 0:
@@ -70,6 +73,44 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         raise
     _fsync_folder(path.parent)
     return path
+
+
+def _finish(tmp: Path) -> None:
+    """Durable, with the process's usual permissions: some writers (safetensors) replace our temporary with a
+    file of their own, mode 0600, so the mode is set on what is there now (never through a symlink)."""
+    fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors) quote errno
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+LOW_SPACE_BYTES = 1 << 20
+
+
+def _as_disk_error(exc: Exception, path: Path) -> Exception:
+    """A writer's failure as OSError(ENOSPC/EDQUOT, path) when the disk ran out, else unchanged.
+
+    Writers report a full disk in their own ways: an OSError (Python), "(os error 28)" inside a
+    SafetensorError, or no reason at all (torch.save: "unexpected pos"); for the last, a folder with less
+    than LOW_SPACE_BYTES left after the failure counts as full.
+    """
+    if isinstance(exc, OSError):
+        return exc if exc.errno not in _DISK_ERRNOS or exc.filename else type(exc)(exc.errno, exc.strerror, str(path))
+    found = _OS_ERROR_CODE.search(str(exc))
+    code = int(found.group(1)) if found else None
+    if code is None:
+        try:
+            stats = os.statvfs(path.parent)
+            code = errno.ENOSPC if stats.f_bavail * stats.f_frsize < LOW_SPACE_BYTES else None
+        except OSError:
+            code = None
+    if code not in _DISK_ERRNOS:
+        return exc
+    return OSError(code, os.strerror(code), str(path))
 
 
 def _make_folder(folder: Path) -> None:
