@@ -7,11 +7,15 @@
   target name* is replaced, never written through.
 - `remove_stale_temporaries` clears temporaries that a killed process left behind (on resume).
 - `write_json` writes strict JSON (NaN and infinities become null), so summary files always parse.
-- `RunLock` makes an output folder belong to one run at a time.
+- `RunLock` makes an output folder belong to one run at a time; `output_lock` is the one every command that
+  writes into a folder takes (nothing when no folder is given).
+- `guarded_subfolder` makes a folder inside an output folder, never through a symlink planted there: every
+  write of a run stays inside its folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -111,6 +115,25 @@ def _as_disk_error(exc: Exception, path: Path) -> Exception:
     if code not in _DISK_ERRNOS:
         return exc
     return OSError(code, os.strerror(code), str(path))
+
+
+def guarded_subfolder(folder: str | Path) -> Path:
+    """`folder` (inside an output folder the caller holds), created if missing; refused when it is a symlink
+    or not a folder, so that a writer given this path (TensorBoard's) can't be sent elsewhere."""
+    folder = Path(folder)
+    _make_folder(folder.parent)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir()
+    if folder.is_symlink() or not folder.is_dir():
+        what = f"a symlink to {os.readlink(folder)}" if folder.is_symlink() else "not a folder"
+        raise OutputError(f"{folder} is {what}; a run writes only inside its output folder: remove it or choose "
+                          "another output folder")
+    return folder
+
+
+def output_lock(folder: str | Path | None) -> contextlib.AbstractContextManager:
+    """The RunLock of the output folder a command writes into; nothing when it writes no folder."""
+    return RunLock(folder) if folder is not None else contextlib.nullcontext()
 
 
 def _make_folder(folder: Path) -> None:
