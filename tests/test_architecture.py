@@ -61,7 +61,7 @@ def test_training_package_has_no_cycle_even_through_lazy_or_type_only_imports():
 
 
 def test_task_names_of_the_config_are_the_registry():
-    from resmlp.train.config import TASKS
+    from resmlp.train.sections import TASKS
     from resmlp.train.task_registry import TASK_CLASSES
 
     assert set(TASKS) == set(TASK_CLASSES)

@@ -36,7 +36,11 @@ def test_a_tiny_file_claiming_a_billion_blocks_is_refused_before_allocating(tmp_
     path = tmp_path / "liar.safetensors"
     _rewrite(path, config=json.dumps({**_tiny_model().config.to_dict(), "depth": 10**9, "dim": 10**6}))
     start = time.perf_counter()
-    with pytest.raises(CheckpointError, match=r"does not match its tensors.*depth: checkpoint 2, model 1000000000"):
+    with pytest.raises(CheckpointError, match=r"model config in its metadata is invalid \(dim=1000000 is above"):
+        resmlp.load(path)  # past the sizes any model has (ResMLPConfig's bounds)
+    # within those bounds, a claim its tensors don't back
+    _rewrite(path, config=json.dumps({**_tiny_model().config.to_dict(), "depth": 1000, "dim": 16384}))
+    with pytest.raises(CheckpointError, match=r"does not match its tensors.*depth: checkpoint 2, model 1000"):
         resmlp.load(path)
     assert time.perf_counter() - start < 5
 

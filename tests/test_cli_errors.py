@@ -42,7 +42,7 @@ def test_project_errors_stay_value_errors_except_output_errors_which_are_os_erro
     (NotADirectoryError(errno.ENOTDIR, "Not a directory", "/f/x"), "/f/x: a component of the path is a file"),
     (OutputError("output folder x is in use by another run (pid 1)"), "in use by another run"),
     (Image.DecompressionBombError("Image size (400000000 pixels) exceeds limit"), "exceeds limit"),
-    (MemoryError(), "out of memory"),
+    (MemoryError(), "out of main memory"),
 ])
 def test_user_mistakes_get_one_line(error, expected):
     message = user_message(_raised(error))

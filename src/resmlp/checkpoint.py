@@ -82,6 +82,7 @@ def read_checkpoint(path: str | Path, allow_nonfinite: bool = False
             raise CheckpointError(f"{path} holds no state dict (a dict of tensors, flat or under one of "
                                   "'state_dict_ema', 'model_ema', 'state_dict', 'model', 'teacher', 'student')")
         meta = {}
+    _check_dtypes(tensors, path)
     _check_finite(tensors, path, allow_nonfinite)
     return tensors, meta
 
@@ -91,9 +92,27 @@ def _unreadable(path: Path, error: Exception) -> CheckpointError:
                            "another format: re-download or re-save it")
 
 
+# dtypes a network's weights and buffers come in; anything else (complex, bool, quantized, unsigned 16-64
+# bit) would be cast silently into float weights or fail deep inside load_state_dict
+_WEIGHT_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+                  torch.int16, torch.int8, torch.uint8}
+_FLOAT8 = {d for d in (getattr(torch, n, None) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                          "float8_e5m2fnuz")) if d is not None}
+
+
+def _check_dtypes(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Every tensor of a dtype that weights have; float8 (a storage format torch reads) is accepted as such."""
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _WEIGHT_DTYPES and tensor.dtype not in _FLOAT8:
+            raise CheckpointError(f"{path}: tensor {name!r} is of dtype {str(tensor.dtype).removeprefix('torch.')}, "
+                                  "which no weight of these models has; re-save the file with float weights")
+
+
 def _check_finite(tensors: dict[str, torch.Tensor], path: Path, allow_nonfinite: bool) -> None:
     """NaN or infinite weights make every prediction meaningless (a score of chance, silently)."""
     for name, tensor in tensors.items():
+        if tensor.dtype in _FLOAT8:  # torch has no isfinite for float8: check its float32 values
+            tensor = tensor.float()
         if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
             continue
         bad = int((~torch.isfinite(tensor)).sum())
@@ -114,6 +133,9 @@ def _decode_metadata(raw: dict[str, str], path: Path | str = "checkpoint") -> di
                 meta[key] = json.loads(raw[key])
             except json.JSONDecodeError as e:
                 raise CheckpointError(f"{path}: metadata {key!r} is not valid JSON ({e})") from None
+            except RecursionError:  # json's decoder recurses once per level of nesting
+                raise CheckpointError(f"{path}: metadata {key!r} is nested thousands of levels deep; this "
+                                      "project writes a few levels: the file was made or edited by hand") from None
             if not isinstance(meta[key], dict):
                 raise CheckpointError(f"{path}: metadata {key!r} must be a JSON object, not "
                                       f"{type(meta[key]).__name__} ({raw[key][:80]!r}); re-save the file")

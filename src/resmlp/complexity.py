@@ -37,3 +37,23 @@ def complexity(config: ResMLPConfig) -> tuple[int, float]:
         model = ResMLP(config)
     # outside the device context: its per-op dispatch hook would slow the forward pass tenfold
     return count_params(model), count_gmacs(model, (config.in_chans, config.img_size, config.img_size))
+
+
+def training_memory_bytes(config: ResMLPConfig, batch_size: int) -> int:
+    """A lower estimate, from the sizes alone (nothing is built), of the memory a training step of `config`
+    takes at `batch_size`: fp32 weights, gradients and one optimizer moment (LAMB and AdamW keep two), and the
+    activations the backward pass keeps, counted at 2 bytes (bf16) and only the largest ones. No allocator
+    slack, data or workspace: refusing a config for exceeding the machine's memory is never wrong."""
+    tokens, dim = config.num_patches, config.dim
+    hidden = int(dim * config.mlp_ratio)
+    # the convolution ablations' weights are left out: small, and this stays a lower estimate
+    cross = {"linear": tokens * tokens, "mlp": 2 * tokens * (config.cross_patch_hidden or 4 * tokens)}.get(
+        config.cross_patch, 0)
+    per_block = cross + 2 * dim * hidden + 8 * dim
+    params = (config.depth * per_block + config.in_chans * config.patch_size**2 * dim
+              + dim * max(config.num_classes, 0))
+    # kept per block, at least: the two sublayers' inputs (2 x tokens x dim) and the MLP's hidden layer
+    # (tokens x hidden)
+    activations = batch_size * config.depth * tokens * (2 * dim + hidden)
+    return 4 * 3 * params + 2 * activations
+

@@ -13,6 +13,7 @@ read-only output folder), and code that already guards its writes with `except O
 from __future__ import annotations
 
 import errno
+import re
 import traceback
 from pathlib import Path
 
@@ -72,11 +73,35 @@ def user_message(exc: BaseException) -> str | None:
         return _one_line(str(exc))
     if isinstance(exc, OSError):
         return _os_message(exc)
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return f"out of memory ({_one_line(str(exc))[:200]}); lower the batch size or the model size"
+    if _is_out_of_memory(exc):
+        return _memory_message(exc)
     if isinstance(exc, RuntimeError) and _raised_here(exc):
         return str(exc) or type(exc).__name__
     return None
+
+
+# how torch's allocators word a failed allocation (CPU: c10's DefaultCPUAllocator; CUDA: the caching allocator)
+_ALLOCATION_FAILURES = ("can't allocate memory", "CUDA out of memory", "out of memory", "Cannot allocate memory")
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError: CUDA
+        return True
+    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in _ALLOCATION_FAILURES)
+
+
+def _memory_message(exc: BaseException) -> str:
+    """What ran out (GPU or main memory), how much was asked for when torch says, and what to change."""
+    text = _one_line(str(exc))
+    gpu = "CUDA" in text or "GPU" in text or type(exc).__name__ == "OutOfMemoryError"
+    asked = re.search(r"(?:tried to allocate|allocate) ([\d.]+ ?[KMGT]?i?B|\d+ bytes)", text)
+    size = asked.group(1) if asked else ""
+    if size.endswith(" bytes"):
+        size = f"{int(size.split()[0]) / 2**30:.1f} GiB"
+    amount = f" (an allocation of {size} failed)" if size else ""
+    where = "GPU memory" if gpu else "main memory"
+    return (f"out of {where}{amount}; lower the batch size (train.batch_size, or raise train.grad_accum), the "
+            "image size or the model size" + ("" if gpu else ", or the data workers (data.num_workers)"))
 
 
 def _os_message(exc: OSError) -> str:

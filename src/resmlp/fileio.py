@@ -7,11 +7,16 @@
   target name* is replaced, never written through.
 - `remove_stale_temporaries` clears temporaries that a killed process left behind (on resume).
 - `write_json` writes strict JSON (NaN and infinities become null), so summary files always parse.
-- `RunLock` makes an output folder belong to one run at a time.
+- `RunLock` makes an output folder belong to one run at a time; `output_lock` is the one every command that
+  writes into a folder takes (nothing when no folder is given).
+- `guarded_subfolder` makes a folder inside an output folder, never through a symlink planted there: every
+  write of a run stays inside its folder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -59,9 +64,11 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         os.fchmod(fd, 0o666 & ~_UMASK)
         os.close(fd)
         fd = -1
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        try:
+            write(tmp)
+        except Exception as e:
+            raise _as_disk_error(e, path) from e
+        _finish(tmp)
         os.replace(tmp, path)
     except BaseException:
         if fd >= 0:
@@ -70,6 +77,63 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         raise
     _fsync_folder(path.parent)
     return path
+
+
+def _finish(tmp: Path) -> None:
+    """Durable, with the process's usual permissions: some writers (safetensors) replace our temporary with a
+    file of their own, mode 0600, so the mode is set on what is there now (never through a symlink)."""
+    fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors) quote errno
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+LOW_SPACE_BYTES = 1 << 20
+
+
+def _as_disk_error(exc: Exception, path: Path) -> Exception:
+    """A writer's failure as OSError(ENOSPC/EDQUOT, path) when the disk ran out, else unchanged.
+
+    Writers report a full disk in their own ways: an OSError (Python), "(os error 28)" inside a
+    SafetensorError, or no reason at all (torch.save: "unexpected pos"); for the last, a folder with less
+    than LOW_SPACE_BYTES left after the failure counts as full.
+    """
+    if isinstance(exc, OSError):
+        return exc if exc.errno not in _DISK_ERRNOS or exc.filename else type(exc)(exc.errno, exc.strerror, str(path))
+    found = _OS_ERROR_CODE.search(str(exc))
+    code = int(found.group(1)) if found else None
+    if code is None:
+        try:
+            stats = os.statvfs(path.parent)
+            code = errno.ENOSPC if stats.f_bavail * stats.f_frsize < LOW_SPACE_BYTES else None
+        except OSError:
+            code = None
+    if code not in _DISK_ERRNOS:
+        return exc
+    return OSError(code, os.strerror(code), str(path))
+
+
+def guarded_subfolder(folder: str | Path) -> Path:
+    """`folder` (inside an output folder the caller holds), created if missing; refused when it is a symlink
+    or not a folder, so that a writer given this path (TensorBoard's) can't be sent elsewhere."""
+    folder = Path(folder)
+    _make_folder(folder.parent)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir()
+    if folder.is_symlink() or not folder.is_dir():
+        what = f"a symlink to {os.readlink(folder)}" if folder.is_symlink() else "not a folder"
+        raise OutputError(f"{folder} is {what}; a run writes only inside its output folder: remove it or choose "
+                          "another output folder")
+    return folder
+
+
+def output_lock(folder: str | Path | None) -> contextlib.AbstractContextManager:
+    """The RunLock of the output folder a command writes into; nothing when it writes no folder."""
+    return RunLock(folder) if folder is not None else contextlib.nullcontext()
 
 
 def _make_folder(folder: Path) -> None:

@@ -59,6 +59,21 @@ def usable_cores() -> int:
     return cores
 
 
+def physical_memory_bytes() -> int | None:
+    """This machine's memory, capped by a cgroup v2 memory limit when one is set; None where unknown."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            total = min(total, int(limit))
+    except (OSError, ValueError):
+        pass
+    return total
+
+
 def host_info(precision: str | None = None) -> dict[str, Any]:
     """The host facts a measured number needs beside it; `precision` is the one actually used."""
     import timm

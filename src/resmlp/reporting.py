@@ -11,6 +11,7 @@ import numpy as np
 
 from resmlp.fileio import (
     atomic_write,
+    guarded_subfolder,
     write_json,  # noqa: F401 (moved to resmlp.fileio; the trainer imports it from here)
 )
 
@@ -80,7 +81,8 @@ class TensorBoardLog:
     def __init__(self, log_dir: str | Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(log_dir))
+        # SummaryWriter writes through whatever is at log_dir: a symlink planted there is refused first
+        self.writer = SummaryWriter(str(guarded_subfolder(log_dir)))
 
     def log(self, row: dict[str, Any]) -> None:
         for key, value in row.items():

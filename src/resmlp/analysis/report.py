@@ -6,6 +6,7 @@ import csv
 import html
 import io
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 
 from resmlp.analysis import filters, sparsity
+from resmlp.errors import ConfigError
 from resmlp.fileio import atomic_write
 from resmlp.models.resmlp import ResMLP
 
@@ -55,6 +57,9 @@ def write_report(
     progress: a tqdm bar on stderr, one step per figure and one for the numbers."""
     from tqdm.auto import tqdm
 
+    if not (math.isfinite(threshold) and 0 < threshold <= 1):
+        raise ConfigError(f"--threshold {threshold!r}: expected a fraction of each matrix's largest |weight| in "
+                          "(0, 1] (the paper's figures use 0.05)")
     bar = tqdm(total=5, unit="figure", file=sys.stderr, dynamic_ncols=True, disable=not progress)
     with bar:
         return _write_report(model, out_dir, layers, threshold, source, bar)

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from resmlp.analysis.report import write_report
     from resmlp.checkpoint import load
     from resmlp.evaluation import resolve_checkpoint
+    from resmlp.fileio import output_lock
     from resmlp.models.resmlp import ResMLP
     from resmlp.runtime import process_settings
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(model, ResMLP):
         raise ValueError(f"{path} holds a {type(model).__name__} (a timm model): resmlp analyze draws the weights of "
                          "ResMLP and MLP-Mixer checkpoints only")
-    with process_settings(args.threads):
+    with process_settings(args.threads), output_lock(args.output):
         report = write_report(model, args.output, layers=args.layers, threshold=args.threshold, source=str(path),
                               progress=args.progress)
     for name in report.figures:

@@ -10,6 +10,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+MAX_THREADS = 4096  # the same bound as train.threads (resmlp.train.validation.RANGES)
+
+
+def thread_count(text: str) -> int:
+    """--threads: a whole number from 1 to MAX_THREADS (argparse turns the ValueError into a usage error)."""
+    value = int(text)
+    if not 1 <= value <= MAX_THREADS:
+        raise ValueError(text)
+    return value
+
+
+thread_count.__name__ = f"thread count (1 to {MAX_THREADS})"  # argparse names the type in its message
+
+
 # flag -> (config key, argparse keywords); the value given on the command line becomes that key's override
 TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--model": ("model.name", dict(metavar="MODEL", help="preset, timm:NAME, torchvision:NAME or a checkpoint file")),
@@ -24,7 +38,7 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                 help="precision: auto = bf16 where the hardware has it, else fp32")),
     "--device": ("train.device", dict(help="auto, cpu, cuda or cuda:N")),
     "--workers": ("data.num_workers", dict(type=int, metavar="N", help="data loader worker processes")),
-    "--threads": ("train.threads", dict(type=int, metavar="N",
+    "--threads": ("train.threads", dict(type=thread_count, metavar="N",
                                         help="compute threads per process (default: the usable cores / processes)")),
     "--data-dir": ("data.dir", dict(metavar="DIR", help="dataset folder")),
 }
@@ -60,7 +74,7 @@ def add_output_argument(parser: argparse.ArgumentParser, required: bool = False,
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="compute threads (default: the cores this process may use)")
 
 

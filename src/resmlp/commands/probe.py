@@ -31,11 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_probe(args: argparse.Namespace) -> int:
+    from resmlp.fileio import output_lock
     from resmlp.runtime import process_settings
     from resmlp.train.probe import frozen_feature_eval
 
     extra = dict(k=args.k, temperature=args.temperature) if args.method == "knn" else {}
-    with process_settings(args.threads):
+    with process_settings(args.threads), output_lock(args.output):
         summary = frozen_feature_eval(args.checkpoint, args.method, args.data, args.data_dir, args.output,
                                       args.batch_size, device=args.device, progress=True, amp=args.amp, **extra)
     print(json.dumps(summary))

@@ -73,9 +73,10 @@ def print_summary(summary: dict, output: str) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from resmlp.evaluation import evaluate
+    from resmlp.fileio import output_lock
     from resmlp.runtime import process_settings
 
-    with process_settings(args.threads):
+    with process_settings(args.threads), output_lock(args.output):  # a folder a training holds is refused
         summary = evaluate(args.checkpoint, data=args.data, data_dir=args.data_dir, split=args.split,
                            output=args.output, batch_size=args.batch_size, device=args.device, progress=True)
     width = max(len(name) for name in summary["per_class_top1"])

@@ -30,7 +30,7 @@ from resmlp.data.batch_augment import BatchAugment
 from resmlp.preprocess import Preprocess
 
 if TYPE_CHECKING:
-    from resmlp.train.config import DataConfig
+    from resmlp.train.sections import DataConfig
 
 
 @dataclass

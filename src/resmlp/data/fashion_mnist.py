@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from resmlp.data.arrays import ArrayDataset
+from resmlp.errors import DataError
 
 DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -24,21 +26,42 @@ HOW_TO_GET = (
 )
 
 
+MAX_IDX_BYTES = 1 << 30  # 20x Fashion-MNIST's training images: a bound on a gzip bomb's expansion
+
+
 def read_idx(path: str | Path) -> np.ndarray:
     """Read one IDX file (the MNIST container: magic, dims, big-endian payload); .gz is decompressed.
 
-    A dozen lines of numpy; torchvision's reader is private API and wants its own folder layout.
+    A dozen lines of numpy; torchvision's reader is private API and wants its own folder layout. Any damage
+    (corrupt gzip, a header of 0 or more than 4 dimensions, a payload of the wrong size) is a DataError
+    naming the file.
     """
     path = Path(path)
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    raw = _read_bounded(path)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise ValueError(f"{path} is not an IDX file of unsigned bytes (bad magic number {raw[:4].hex()})")
+        raise DataError(f"{path} is not an IDX file of unsigned bytes (bad magic number {raw[:4].hex()})")
     ndim = raw[3]
+    if not 1 <= ndim <= 4 or len(raw) < 4 + 4 * ndim:
+        raise DataError(f"{path}: IDX header declares {ndim} dimension(s); image and label files have 1 to 4 "
+                        "(a damaged or hand-made file)")
     shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(shape)):
-        raise ValueError(f"{path} is truncated: header says {shape}, payload has {data.size} bytes")
+        raise DataError(f"{path} is truncated: header says {shape}, payload has {data.size} bytes")
     return data.reshape(shape)
+
+
+def _read_bounded(path: Path) -> bytes:
+    try:
+        if path.suffix != ".gz":
+            return path.read_bytes()
+        with gzip.open(path, "rb") as f:
+            raw = f.read(MAX_IDX_BYTES + 1)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise DataError(f"{path} is not a readable gzip file ({e}); re-download it") from None
+    if len(raw) > MAX_IDX_BYTES:
+        raise DataError(f"{path} expands to more than {MAX_IDX_BYTES} bytes; a Fashion-MNIST file is 47 MB")
+    return raw
 
 
 def find_idx(data_dir: Path, stem: str) -> Path:
@@ -56,6 +79,11 @@ def fashion_mnist(split: str, data_dir: str | Path | None = None, in_chans: int 
     if not data_dir.is_dir():
         raise FileNotFoundError(f"Fashion-MNIST folder {data_dir} does not exist. {HOW_TO_GET}")
     images_name, labels_name = _FILES[split]
-    images = read_idx(find_idx(data_dir, images_name))
-    labels = read_idx(find_idx(data_dir, labels_name))
+    images_path, labels_path = find_idx(data_dir, images_name), find_idx(data_dir, labels_name)
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.ndim != 3 or min(images.shape) == 0:
+        raise DataError(f"{images_path}: expected images of shape (N, height, width), got {images.shape}")
+    if labels.shape != images.shape[:1] or (labels.size and labels.max() >= len(CLASS_NAMES)):
+        raise DataError(f"{labels_path}: expected {len(images)} labels from 0 to {len(CLASS_NAMES) - 1} (one per "
+                        f"image of {images_path.name}), got shape {labels.shape}")
     return ArrayDataset(images, labels, CLASS_NAMES, in_chans=in_chans, transform=transform)

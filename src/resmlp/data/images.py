@@ -3,8 +3,14 @@
 All image reading (predict's files, image-folder datasets) goes through `open_image`, so that
 - a decompression bomb (a small file declaring a huge size) is refused from its header, before any pixel
   is decoded, as a DataError that folder readers count as a skipped image like any corrupt file;
-- 16-bit ('I;16*'), 32-bit integer ('I') and float ('F') images are scaled to [0, 255] by their range,
-  not clipped at 255 as PIL's convert('L') does, so a 16-bit scan means what its 8-bit version means;
+- 16-bit ('I;16*'), 32-bit integer ('I') and float ('F') images are scaled to [0, 255] by their real
+  range, not clipped at 255 as PIL's convert('L') does, so a 16-bit scan means what its 8-bit version means:
+  16-bit data by 65535; 'I' data by 65535 while it fits 16 bits (16-bit PNGs and TIFFs open as 'I'), else by
+  its own maximum; float data by 1 when it lies in [0, 1], by 255 when in [0, 255] (how float TIFFs are often
+  saved), else from 0 (or its minimum, when negative) to its maximum. Those last two warn;
+  NaN or infinite pixels are refused;
+- the EXIF orientation is applied (ImageOps.exif_transpose): a phone photo is seen upright, as a viewer
+  shows it;
 - palette images with transparency and bilevel images convert without PIL's warnings.
 """
 
@@ -15,7 +21,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from resmlp.errors import ConfigError, DataError
 
@@ -23,9 +29,7 @@ from resmlp.errors import ConfigError, DataError
 # max_pixels argument or, for every command at once, the environment variable RESMLP_MAX_IMAGE_PIXELS
 DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 MAX_PIXELS_VARIABLE = "RESMLP_MAX_IMAGE_PIXELS"
-# full-scale value of each high-depth mode: 16-bit PNG/TIFF come as 'I;16*' (or 'I' from older Pillow
-# and some TIFFs, whose data is 16-bit too), float TIFF as 'F' in [0, 1]
-_FULL_SCALE = {"I;16": 65535, "I;16L": 65535, "I;16B": 65535, "I;16N": 65535, "I": 65535, "F": 1.0}
+HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 READ_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 
 
@@ -45,7 +49,8 @@ def open_image(path: str | Path, in_chans: int = 3, max_pixels: int | None = Non
                     raise DataError(f"image {path} is {img.width}x{img.height} pixels, more than the limit of "
                                     f"{limit} (a decompression bomb?); raise max_image_pixels if it is real")
                 img.load()
-                return _to_mode(img, "L" if in_chans == 1 else "RGB")
+                upright = ImageOps.exif_transpose(img)
+                return _to_mode(upright, "L" if in_chans == 1 else "RGB", path)
     except DataError:
         raise
     except READ_ERRORS as e:
@@ -63,10 +68,31 @@ def max_image_pixels() -> int:
         raise ConfigError(f"{MAX_PIXELS_VARIABLE}={value!r} is not a whole number of pixels") from None
 
 
-def _to_mode(img: Image.Image, mode: str) -> Image.Image:
-    if img.mode in _FULL_SCALE:
-        values = np.asarray(img, dtype=np.float64) / _FULL_SCALE[img.mode]
-        img = Image.fromarray(np.round(np.clip(values, 0.0, 1.0) * 255).astype(np.uint8), mode="L")
+def _to_mode(img: Image.Image, mode: str, path: str | Path) -> Image.Image:
+    if img.mode in HIGH_DEPTH_MODES:
+        values = np.asarray(img, dtype=np.float64)
+        low, high = _value_range(values, img.mode, path)
+        scaled = (values - low) / max(high - low, np.finfo(np.float64).tiny)
+        img = Image.fromarray(np.round(np.clip(scaled, 0.0, 1.0) * 255).astype(np.uint8), mode="L")
     elif img.mode == "P":
         img = img.convert("RGBA" if "transparency" in img.info else "RGB")
     return img.convert(mode)
+
+
+def _value_range(values: np.ndarray, mode: str, path: str | Path) -> tuple[float, float]:
+    """The (black, white) values of a high-depth image's pixels: its format's full scale where the data fits it,
+    else the data's own range, with a warning where that is a guess."""
+    if not np.isfinite(values).all():
+        raise DataError(f"image {path} holds NaN or infinite pixel values; it can't be shown or classified")
+    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    if mode.startswith("I;16") or (mode == "I" and low >= 0 and high <= 65535):
+        return 0.0, 65535.0
+    if mode == "F" and low >= 0 and high <= 1:
+        return 0.0, 1.0
+    if mode == "F" and low >= 0 and high <= 255:
+        # no path in the message: a folder of such images warns once, not once per image
+        warnings.warn("a float image with values up to 255 (not [0, 1]) is read as 0-255", stacklevel=4)
+        return 0.0, 255.0
+    warnings.warn(f"image {path} ({mode}) holds values from {low:g} to {high:g}, outside its format's usual "
+                  "range: scaled from 0 (or its minimum, when negative) to its maximum", stacklevel=4)
+    return min(low, 0.0), high

@@ -32,6 +32,11 @@ from resmlp.models.fused_block import fusable, fused_block_forward
 from resmlp.models.resize import fit_state_dict
 
 POOLINGS = ("avg", "class_mlp")
+# the largest value of each size a real run could use, with room to spare: the paper's largest models have
+# 36 blocks, width 768 and 224-px inputs (384 px fine-tuned); past these a typo (an extra zero) would allocate
+# until memory runs out instead of failing here. Every config passes here: recipes, --set, checkpoints.
+SIZE_LIMITS = {"img_size": 4096, "patch_size": 4096, "in_chans": 64, "dim": 16384, "depth": 1000,
+               "num_classes": 1_000_000, "cross_patch_hidden": 65536}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -75,6 +80,13 @@ class ResMLPConfig:
         for field in ("img_size", "patch_size", "in_chans", "dim", "depth"):
             if int(getattr(self, field)) < 1:
                 raise ValueError(f"{field} must be a positive integer, got {getattr(self, field)!r}")
+        for field, limit in SIZE_LIMITS.items():
+            value = getattr(self, field)
+            if value is not None and value > limit:
+                raise ValueError(f"{field}={value} is above {limit}, the largest this project builds (allowed: "
+                                 f"1 to {limit}); was a digit added by mistake?")
+        if not 0 < self.mlp_ratio <= 64:
+            raise ValueError(f"mlp_ratio={self.mlp_ratio} is outside (0, 64]")
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0 (0 means no head), got {self.num_classes}")
         if self.img_size % self.patch_size:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from resmlp.checkpoint import torch_load
-from resmlp.fileio import atomic_write
+from resmlp.fileio import atomic_write, output_lock
 from resmlp.hostinfo import host_info
 from resmlp.runtime import (
     DistInfo,
@@ -259,7 +259,8 @@ def train_translation(cfg: TranslationConfig, resume: bool = False) -> dict[str,
     with process_settings(cfg.threads):
         info = init_distributed(cfg.device)
         try:
-            return _train(cfg, info, out, resume)
+            with output_lock(out if info.is_main else None):  # one run per output folder, as `resmlp train`
+                return _train(cfg, info, out, resume)
         finally:
             shutdown(info)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+
+from resmlp.errors import ConfigError
 
 
 @torch.inference_mode()
@@ -32,8 +35,7 @@ def knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, t
     scikit-learn's brute-force neighbours with a Python weight function were 5.7x slower on the quickstart
     (benchmarks/knn_speed.py).
     """
-    if not 1 <= k <= 10_000:
-        raise ValueError(f"k must be between 1 and 10000, got {k}")
+    check_knn_arguments(k, temperature)
     memory = torch.nn.functional.normalize(torch.from_numpy(train_x).float(), dim=1)
     labels = torch.from_numpy(train_y).long()
     queries = torch.nn.functional.normalize(torch.from_numpy(test_x).float(), dim=1)
@@ -42,9 +44,25 @@ def knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, t
     correct = 0
     for start in range(0, len(queries), chunk):
         sims, idx = (queries[start:start + chunk] @ memory.T).topk(k, dim=1)
-        votes = torch.zeros(len(idx), num_classes).scatter_add_(1, labels[idx], (sims / temperature).exp())
+        # weights relative to the nearest neighbour's (the same vote, scaled per query): no overflow at small T
+        weights = ((sims - sims[:, :1]) / temperature).exp()
+        votes = torch.zeros(len(idx), num_classes).scatter_add_(1, labels[idx], weights)
         correct += (votes.argmax(dim=1).numpy() == test_y[start:start + chunk]).sum()
     return float(correct / len(test_y) * 100)
+
+
+MAX_K = 10_000
+TEMPERATURE_RANGE = (1e-4, 100.0)  # DINO uses 0.07; the same range as the dino.knn_temperature recipe key
+
+
+def check_knn_arguments(k: int, temperature: float) -> None:
+    """k a whole number from 1 to MAX_K, the temperature a finite number in TEMPERATURE_RANGE."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise ConfigError(f"--k {k!r}: expected a whole number of neighbours from 1 to {MAX_K} (DINO uses 20)")
+    low, high = TEMPERATURE_RANGE
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and low <= temperature <= high):
+        raise ConfigError(f"--temperature {temperature!r}: expected a number from {low:g} to {high:g} (DINO uses "
+                          "0.07); it weighs each neighbour's vote by exp(similarity / T)")
 
 
 def linear_probe_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
@@ -81,6 +99,10 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
 
     if method not in ("knn", "linear"):
         raise ValueError(f"method must be knn or linear, got {method!r}")
+    if method == "knn":  # before minutes of feature extraction
+        check_knn_arguments(k, temperature)
+    if not 1 <= batch_size <= 65536:
+        raise ConfigError(f"--batch-size {batch_size}: expected a number of images from 1 to 65536")
     checkpoint = resolve_checkpoint(checkpoint)
     loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
     if data not in KINDS:
