@@ -17,6 +17,7 @@ import os
 import platform
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -117,8 +118,8 @@ def grad_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler | None:
 
 
 # ------------------------------------------------------------------------------------------ compile
-def compile_module(module: torch.nn.Module) -> torch.nn.Module:
-    """torch.compile(module), with a kernel cache of its own when the CPU kernels are restricted
+def compile_module(module: torch.nn.Module, **options: Any) -> torch.nn.Module:
+    """torch.compile(module, **options), with a kernel cache of its own when the CPU kernels are restricted
     (ATEN_CPU_CAPABILITY=avx2, the way to rehearse an AVX2 host on a newer CPU).
 
     inductor's on-disk cache key does not include that restriction: kernels built under it and reused at
@@ -131,7 +132,7 @@ def compile_module(module: torch.nn.Module) -> torch.nn.Module:
     capability = os.environ.get("ATEN_CPU_CAPABILITY")
     if capability and os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability.lower()}"
-    return torch.compile(module)
+    return torch.compile(module, **options)
 
 
 # ------------------------------------------------------------------------------------------ threads
