@@ -236,7 +236,8 @@ def _recompile_room(mode: RunMode, graphs: int) -> contextlib.AbstractContextMan
         return contextlib.nullcontext()
     import torch._dynamo
 
-    return torch._dynamo.config.patch(recompile_limit=max(8, graphs + 8))
+    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # older
+    return torch._dynamo.config.patch(**{name: max(8, graphs + 8)})
 
 
 # ------------------------------------------------------------------------------------------ memory
