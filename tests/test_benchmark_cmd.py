@@ -293,3 +293,28 @@ def test_bad_run_options_are_one_line_errors(capsys, flags, message):
     assert main(["benchmark", "--models", TINY_OURS, "--repeats", "1", "--no-progress", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision, compile", [("tf32", None), ("bf16", "reduce-overhead")])
+def test_gpu_rows_run_in_their_precision_and_compile_mode(monkeypatch, precision, compile):
+    seen = []
+    original = benchmark.timed_model
+
+    def spy(model, mode, device):
+        runner = original(model, mode, device)
+        runner.register_forward_pre_hook(
+            lambda *_: seen.append((torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)))
+        return runner
+
+    monkeypatch.setattr(benchmark, "timed_model", spy)
+    mode = benchmark.RunMode("optimized", precision, compile)
+    rows = benchmark.run_benchmark(benchmark.parse_models(f"{TINY_OURS},{TINY_TIMM}"), batch_size=4, repeats=2,
+                                   warmup=2, min_time=0.0, device="cuda", mode=mode, large_batch_size=16)
+    tf32 = precision == "tf32"
+    assert seen and set(seen) == {("high", True) if tf32 else ("highest", False)}
+    for r in rows:
+        assert (r["device"], r["precision"], r["compile"], r["gpu"]) == ("cuda", precision, compile,
+                                                                          torch.cuda.get_device_name())
+        assert r["throughput_img_s"] > 0 and r["throughput_large_img_s"] > 0 and r["peak_memory_mb"] >= 0
