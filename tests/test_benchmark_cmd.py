@@ -166,3 +166,155 @@ def test_val_data_measures_the_top1_of_checkpoint_files(tmp_path, capsys):
     assert list(tmp_path.glob("*.png")) == []  # the benchmark leaves no confusion matrix behind
     assert main(["benchmark", "--models", TINY_OURS, "--val-data", "synthetic"]) == 2
     assert "measures the top-1 of checkpoint files" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ how models run
+def _first_linear_dtypes(module: torch.nn.Module, seen: list) -> None:
+    """Record the dtype of the first linear product's output each time `module` runs."""
+    first = next(m for m in module.modules() if isinstance(m, torch.nn.Linear))
+    first.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_the_run_mode_reaches_the_timed_models(monkeypatch, precision):
+    compiled, seen, matmul = [], {}, []
+
+    def fake_compile(module, **options):  # records what torch.compile would be asked, runs eagerly
+        compiled.append(options)
+        return module
+
+    monkeypatch.setattr(resmlp.inference, "compile_module", fake_compile)
+    monkeypatch.setattr(benchmark, "cpu_peak_memory_mb", lambda *a: 1.0)  # its own process: tested above
+    original = benchmark.timed_model
+
+    def spy(model, mode, device):  # hooks on the model the benchmark times, and the matmul mode it runs in
+        runner = original(model, mode, device)
+        label = type(model).__name__
+        seen[label] = []
+        if isinstance(runner, resmlp.inference.TokenMajorResMLP):
+            runner.blocks[0].register_forward_hook(lambda _m, _i, out: seen[label].append(out.dtype))
+        else:
+            _first_linear_dtypes(runner, seen[label])
+        runner.register_forward_pre_hook(lambda *_: matmul.append(torch.get_float32_matmul_precision()))
+        return runner
+
+    monkeypatch.setattr(benchmark, "timed_model", spy)
+    mode = benchmark.RunMode("optimized", precision, "max-autotune")
+    rows = benchmark.run_benchmark(benchmark.parse_models(f"{TINY_OURS},{TINY_TIMM}"), batch_size=2, repeats=1,
+                                   warmup=1, min_time=0.0, mode=mode, large_batch_size=3)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    assert seen == {"ResMLP": [dtype] * 6, "ResNet": [dtype] * 6}  # warm-up + 1 round at batches 2, 3 and 1
+    assert matmul and set(matmul) == {"highest"}  # tf32 is a CUDA mode: a CPU runs fp32
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert compiled == [dict(mode="max-autotune", dynamic=False)] * 2  # ours (optimize) and timm's
+    assert [r["path"] for r in rows] == ["optimized", "plain"]  # timm models always run as built
+    for r in rows:
+        assert r["precision"] == ("bf16" if precision == "bf16" else "fp32") and r["compile"] == "max-autotune"
+        assert (r["batch_size"], r["large_batch_size"], r["device"]) == (2, 3, "cpu")
+        assert r["throughput_large_img_s"] > 0 and r["cpu_capability"] and r["torch"] == torch.__version__
+
+
+def test_plain_path_runs_our_model_as_built_and_bf16_in_autocast():
+    model, _ = benchmark.build_model(benchmark.parse_spec(TINY_OURS))
+    runner = benchmark.timed_model(model, benchmark.RunMode("plain", "bf16"), torch.device("cpu"))
+    assert isinstance(runner, benchmark.BF16Autocast) and runner.model is model
+    seen = []
+    _first_linear_dtypes(runner, seen)
+    with torch.inference_mode():
+        out = runner(torch.randn(2, 3, 32, 32))
+    assert seen == [torch.bfloat16] and out.dtype == torch.float32
+    assert benchmark.timed_model(model, benchmark.RunMode("plain"), torch.device("cpu")) is model
+
+
+def test_tf32_switches_cuda_matrix_modes_only_and_restores_them():
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    with benchmark.float32_matmul("tf32", torch.device("cuda")):  # flags only: no GPU needed
+        assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
+    with benchmark.float32_matmul("fp32", torch.device("cuda")):  # cuDNN's default TF32 convolutions off
+        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+    with benchmark.float32_matmul("tf32", torch.device("cpu")):
+        assert torch.get_float32_matmul_precision() == "highest"
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == before
+    assert benchmark.RunMode(precision="tf32").precision_on(torch.device("cpu")) == "fp32"
+    assert benchmark.RunMode(precision="tf32").precision_on(torch.device("cuda")) == "tf32"
+
+
+def _row(model, throughput, large, memory, img_size=224):
+    return dict(model=model, img_size=img_size, throughput_img_s=throughput, throughput_large_img_s=large,
+                peak_memory_mb=memory, batch_size=32, large_batch_size=None if large is None else 256,
+                path="optimized", device="cuda", precision="bf16", compile=None)
+
+
+def test_paper_ratios_come_from_the_s12_and_deit_s_rows():
+    rows = [_row("resmlp_s12[dim=32]", 9000.0, 9000.0, 1.0), _row("timm:resmlp_12_224", 5000.0, 5000.0, 50.0),
+            _row("resmlp_s12", 3000.0, 4000.0, 80.0), _row("timm:deit_small_patch16_224", 2000.0, 1000.0, 100.0),
+            _row("timm:resnet50", 1.0, 1.0, 1.0)]
+    ratios = benchmark.paper_ratios(rows)
+    assert [(r["quantity"], r["batch_size"], r["ratio"]) for r in ratios] == [
+        ("throughput", 32, 1.5), ("throughput", 256, 4.0), ("peak_memory_mb", 32, 0.8)]
+    # the paper's Table 1: 1415.1 / 940.4 im/s and 179.5 / 217.2 MB, V100 at batch 32
+    assert [r["paper_ratio"] for r in ratios] == [1.5, 1.5, 0.83]
+    assert all(r["paper_batch_size"] == 32 and r["device"] == "cuda" and r["precision"] == "bf16" for r in ratios)
+    line = benchmark.ratio_line(ratios)
+    assert "throughput 1.50x at batch 32 (paper 1.50x at batch 32)" in line and "peak memory 0.80x" in line
+    no_large = [_row("resmlp_s12", 3.0, None, 8.0), _row("timm:deit_small_patch16_224", 2.0, None, 10.0)]
+    assert [r["quantity"] for r in benchmark.paper_ratios(no_large)] == ["throughput", "peak_memory_mb"]
+    assert benchmark.paper_ratios(rows[:3]) == []  # no DeiT-S
+    assert benchmark.paper_ratios([_row("resmlp_s12", 3.0, None, 8.0, img_size=192), rows[3]]) == []
+
+
+def test_benchmark_command_writes_json_with_the_run_mode(tmp_path, capsys):
+    out = tmp_path / "table.json"
+    code = main(["benchmark", "--models", f"{TINY_OURS},{TINY_TIMM}", "--precision", "tf32", "--path", "plain",
+                 "--batch-size", "2", "--large-batch", "4", "--repeats", "1", "--warmup", "1", "--min-time", "0.01",
+                 "--device", "cpu", "--threads", "1", "--no-progress", "--output", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "im/s @4" in printed and "eager" in printed and "ours plain" in printed
+    assert "tf32 is a CUDA matrix mode: on the CPU these rows ran (and record) fp32" in printed
+    import json
+
+    result = json.loads(out.read_text())
+    assert result["s12_over_deit_s"] == []  # neither paper model listed
+    for row in result["rows"]:
+        assert (row["device"], row["precision"], row["compile"], row["path"]) == ("cpu", "fp32", None, "plain")
+        assert (row["batch_size"], row["large_batch_size"], row["threads"]) == (2, 4, 1)
+        assert row["throughput_large_img_s"] > 0 and row["cpu"] and "native_bf16" in row and "timm" in row
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--precision", "fp16"], "unknown precision 'fp16'; choose one of fp32, tf32, bf16"),
+    (["--path", "fast"], "unknown path 'fast'; choose one of optimized, plain"),
+    (["--compile", "turbo"], "unknown compile mode 'turbo'; choose one of default, max-autotune, reduce-overhead"),
+    (["--compile", "reduce-overhead", "--device", "cpu"], "reduce-overhead replays CUDA graphs and needs a CUDA GPU"),
+    (["--large-batch", "-1"], "--large-batch must be a batch size, or 0 for none"),
+])
+def test_bad_run_options_are_one_line_errors(capsys, flags, message):
+    assert main(["benchmark", "--models", TINY_OURS, "--repeats", "1", "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision, compile", [("tf32", None), ("bf16", "reduce-overhead")])
+def test_gpu_rows_run_in_their_precision_and_compile_mode(monkeypatch, precision, compile):
+    seen = []
+    original = benchmark.timed_model
+
+    def spy(model, mode, device):
+        runner = original(model, mode, device)
+        runner.register_forward_pre_hook(
+            lambda *_: seen.append((torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)))
+        return runner
+
+    monkeypatch.setattr(benchmark, "timed_model", spy)
+    mode = benchmark.RunMode("optimized", precision, compile)
+    rows = benchmark.run_benchmark(benchmark.parse_models(f"{TINY_OURS},{TINY_TIMM}"), batch_size=4, repeats=2,
+                                   warmup=2, min_time=0.0, device="cuda", mode=mode, large_batch_size=16)
+    tf32 = precision == "tf32"
+    assert seen and set(seen) == {("high", True) if tf32 else ("highest", False)}
+    for r in rows:
+        assert (r["device"], r["precision"], r["compile"], r["gpu"]) == ("cuda", precision, compile,
+                                                                          torch.cuda.get_device_name())
+        assert r["throughput_img_s"] > 0 and r["throughput_large_img_s"] > 0 and r["peak_memory_mb"] >= 0

@@ -106,3 +106,33 @@ def test_page_faults_benchmark_reports_each_step(tmp_path):
         steps = data["results"][variant]
         assert len(steps) == 2 and all(s["wall_s"] > 0 and s["minor_faults"] >= 0 and s["peak_rss_gb"] > 0
                                        for s in steps)
+
+
+def test_inference_benchmark_puts_ours_beside_timm_with_the_share_of_the_gemm_peak(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "inference.json"
+    cmd = [sys.executable, str(root / "benchmarks" / "inference.py"), "--tiny", "--models", "resmlp_s12",
+           "--batch-sizes", "2", "--reps", "1", "--warmup", "1", "--precisions", "fp32", "int8", "--peak-size", "256",
+           "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
+    results = json.loads(out.read_text())
+    assert results["device"] == "cpu" and min(results["peaks_gflops"].values()) > 0
+    rows = {r["variant"]: r for r in results["throughput"]}
+    assert list(rows) == ["timm fp32", "ours fp32", "ours int8"]
+    ours = rows["ours fp32"]
+    assert ours["vs_timm_same"] == ours["vs_timm_fp32"] > 0 and rows["ours int8"]["vs_timm_same"] is None
+    assert ours["top1_same_as_timm"] == 1.0  # the same weights in fp32
+    # % of peak = model FLOP/s over the fp32 GEMM peak; the tiny model's matrix products per image:
+    # stem 16 patches x 192 -> 64, per block cross-patch 16x16 @ 16x64 and MLP 64 -> 256 -> 64, head 64 -> 1000
+    flop = 2 * (16 * 192 * 64 + 2 * (16 * 16 * 64 + 2 * 16 * 64 * 256) + 64 * 1000)
+    share = 100 * ours["images_per_s"] * flop / (results["peaks_gflops"]["fp32"] * 1e9)
+    assert abs(ours["pct_of_peak"] - share) < 1e-6 * share
+
+
+def test_inference_benchmark_refuses_cuda_graphs_without_a_gpu():
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "benchmarks" / "inference.py"), "--tiny", "--compile", "reduce-overhead"]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "reduce-overhead replays CUDA graphs and needs a CUDA GPU" in done.stderr

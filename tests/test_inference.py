@@ -140,3 +140,50 @@ def test_preprocess_defaults_and_bad_metadata(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"not an image")
     with pytest.raises(ValueError, match="cannot read image .*bad.png"):
         pre.load(tmp_path / "bad.png")
+
+
+@pytest.mark.parametrize("compile, options", [(True, dict(mode=None, dynamic=False)),
+                                              ("max-autotune", dict(mode="max-autotune", dynamic=False))])
+def test_compile_modes_reach_torch_compile_with_static_shapes(monkeypatch, compile, options):
+    import resmlp.inference
+
+    asked = []
+    monkeypatch.setattr(resmlp.inference, "compile_module", lambda module, **kw: asked.append((module, kw)) or module)
+    fast = optimize(build_fast(ResMLPConfig(**TINY)), "fp32", compile=compile)
+    assert asked == [(fast, options)] and isinstance(fast, TokenMajorResMLP)  # the token-major model compiled
+    convnet = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
+    assert isinstance(optimize(convnet, "fp32", compile=compile), CastingWrapper) and asked[1][1] == options
+
+
+def test_cuda_graphs_and_unknown_compile_modes_are_refused_with_the_fix():
+    model = build_fast(ResMLPConfig(**TINY))
+    with pytest.raises(ValueError, match="reduce-overhead replays CUDA graphs and needs a CUDA GPU; this model is on"):
+        optimize(model, "fp32", compile="reduce-overhead")
+    with pytest.raises(ValueError, match="unknown compile mode 'fast'; choose one of default, max-autotune"):
+        optimize(model, "fp32", compile="fast")
+
+
+def test_max_autotune_compiled_model_keeps_the_fp32_top1():
+    model = build_fast(ResMLPConfig(**TINY).replace(num_classes=10), seed=6)
+    fast = optimize(model, "fp32", compile="max-autotune")
+    x = torch.randn(16, 3, 32, 32)
+    with torch.inference_mode():
+        want, got = model(x), fast(x)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compile", ["max-autotune", "reduce-overhead"])
+def test_compiled_bf16_on_the_gpu_agrees_with_fp32_and_keeps_its_outputs(compile):
+    model = build_fast(ResMLPConfig(**TINY).replace(num_classes=10, depth=4), seed=7).cuda()
+    fast = optimize(model, "bf16", compile=compile)
+    x, other = torch.randn(256, 3, 32, 32, device="cuda"), torch.randn(256, 3, 32, 32, device="cuda")
+    with torch.inference_mode():
+        want = model(x)
+        got = [fast(x) for _ in range(3)]  # CUDA graphs record on the first calls, then replay
+        kept = got[-1].clone()
+        fast(other)  # a replay on other images must not overwrite a result already returned
+    assert got[-1].dtype == torch.float32 and torch.equal(got[-1], kept)
+    assert (got[-1].argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.95

@@ -28,6 +28,7 @@ from resmlp.preprocess import Preprocess
 from resmlp.runtime import compile_module
 
 PRECISIONS = ("fp32", "bf16", "int8")
+COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")  # torch.compile modes optimize() accepts
 
 
 # ------------------------------------------------------------------------------------------ model
@@ -145,23 +146,25 @@ def native_bf16_available(device: torch.device | str = "cpu") -> bool:
     return native_bf16()
 
 
-def optimize(model: nn.Module, precision: str = "fp32", compile: bool = False) -> nn.Module:
+def optimize(model: nn.Module, precision: str = "fp32", compile: bool | str = False) -> nn.Module:
     """An inference copy of `model`: folded, token-major where possible, in `precision`.
 
     precision: "fp32" (equal to the model within float rounding), "bf16" (weights and activations in
     bfloat16; fast only where the hardware has bf16 matrix units) or "int8" (dynamic int8 quantisation
-    of the channel-MLP and head linears, fbgemm/x86 on CPU). compile=True wraps it in torch.compile.
+    of the channel-MLP and head linears, fbgemm/x86 on CPU). compile: False, True (= "default"), or a
+    torch.compile mode of COMPILE_MODES (see `compile_for_inference`).
     The result takes float images of any dtype and returns float32 logits; it is for eval only.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    device = next(model.parameters()).device
+    mode = compile_mode(compile, device)  # checked before the folding work
     if not isinstance(model, ResMLP):  # e.g. a timm convnet saved with resmlp.save: nothing to fold
         if precision != "fp32":
             raise ValueError(f"precision {precision} is for ResMLP/Mixer models; this checkpoint holds a "
                              f"{type(model).__name__}: use --precision fp32")
         fast = CastingWrapper(model.float()).eval().requires_grad_(False)
-        return compile_module(fast) if compile else fast
-    device = model.stem.proj.weight.device
+        return compile_for_inference(fast, mode) if mode else fast
     fused = fuse(model).float()
     # int8 quantises nn.Linear modules, which the token-major blocks (raw in-place products) don't use
     token_major = _token_major_ok(fused) and precision != "int8"
@@ -180,9 +183,49 @@ def optimize(model: nn.Module, precision: str = "fp32", compile: bool = False) -
             raise ValueError("int8 dynamic quantisation runs on CPU only; move the model with model.cpu() or "
                              "use precision='bf16' on GPU")
         fast = _quantize_linears(fast)
-    if compile:
-        fast = compile_module(fast)
+    if mode:
+        fast = compile_for_inference(fast, mode)
     return fast
+
+
+def compile_mode(compile: bool | str | None, device: torch.device | str = "cpu") -> str | None:
+    """`optimize`'s compile argument as a torch.compile mode of COMPILE_MODES, or None for no compilation."""
+    if compile is None or compile is False:
+        return None
+    mode = "default" if compile is True else compile
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"unknown compile mode {compile!r}; choose one of {', '.join(COMPILE_MODES)}")
+    if mode == "reduce-overhead" and torch.device(device).type != "cuda":
+        raise ValueError(f"compile mode reduce-overhead replays CUDA graphs and needs a CUDA GPU; this model is "
+                         f"on {torch.device(device).type}: move it to the GPU, or use the default or max-autotune")
+    return mode
+
+
+def compile_for_inference(module: nn.Module, mode: str = "default") -> nn.Module:
+    """torch.compile(module) for evaluation, with static shapes: one graph per batch size, as CUDA graphs need
+    anyway, instead of the slower shape-generic kernels torch switches to when a second batch size comes.
+
+    mode "max-autotune" lets inductor time several kernels (GEMM templates included) per product and keep the
+    fastest: slow to compile, for long-running serving. "reduce-overhead" (CUDA only) records the forward as a
+    CUDA graph and replays it, removing the per-kernel launch cost; its outputs live in memory the next replay
+    reuses, so the returned logits are copied out.
+    """
+    compiled = compile_module(module, mode=None if mode == "default" else mode, dynamic=False)
+    return GraphReplay(compiled) if mode == "reduce-overhead" else compiled
+
+
+class GraphReplay(nn.Module):
+    """A CUDA-graph-compiled model whose outputs are the caller's: each call starts a new graph step and
+    returns a copy, so a kept result is never overwritten by the next replay."""
+
+    def __init__(self, compiled: nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+        self.config = getattr(compiled, "config", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled(x).clone()
 
 
 def optimize_features(model: nn.Module, precision: str = "fp32") -> nn.Module:

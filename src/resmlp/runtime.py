@@ -17,6 +17,7 @@ import os
 import platform
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -133,10 +134,9 @@ def grad_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler | None:
 
 
 # ------------------------------------------------------------------------------------------ compile
-def compile_module(module: torch.nn.Module, cuda_graphs: bool = False) -> torch.nn.Module:
-    """torch.compile(module), with a kernel cache of its own when the CPU kernels are restricted
-    (ATEN_CPU_CAPABILITY=avx2, the way to rehearse an AVX2 host on a newer CPU); `cuda_graphs` replays the
-    compiled graphs as CUDA graphs (torch.compile's reduce-overhead mode).
+def compile_module(module: torch.nn.Module, **options: Any) -> torch.nn.Module:
+    """torch.compile(module, **options), with a kernel cache of its own when the CPU kernels are restricted
+    (ATEN_CPU_CAPABILITY=avx2, the way to rehearse an AVX2 host on a newer CPU).
 
     inductor's on-disk cache key does not include that restriction: kernels built under it and reused at
     full AVX-512 (or the reverse) corrupted the heap or returned NaN losses here (torch 2.14.1). A
@@ -148,8 +148,7 @@ def compile_module(module: torch.nn.Module, cuda_graphs: bool = False) -> torch.
     capability = os.environ.get("ATEN_CPU_CAPABILITY")
     if capability and os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability.lower()}"
-    # reduce-overhead: the compiled graphs are replayed as CUDA graphs (static shapes; GPU only)
-    return torch.compile(module, mode="reduce-overhead" if cuda_graphs else None)
+    return torch.compile(module, **options)
 
 
 # ------------------------------------------------------------------------------------------ threads

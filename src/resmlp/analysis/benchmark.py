@@ -4,6 +4,12 @@ Models are named in the project's one grammar (`resmlp.build`): `preset | timm:N
 path/to/checkpoint` (random weights for timm and torchvision, nothing is downloaded), each optionally
 followed by constructor overrides in brackets, values read as YAML like `--set`'s:
 `resmlp_s12[dim=64,depth=2],timm:resnet50,runs/x/best.safetensors`. Every row records the host.
+
+How the models run (`RunMode`, the same for every row): our ResMLP/Mixer models through the inference path
+`resmlp predict` uses (`resmlp.inference.optimize`), or `plain` (the model as built, as the paper timed it);
+other models (timm, torchvision) always run as built. Precision fp32, tf32 (CUDA's TF32 matrix mode; fp32 on
+a CPU, which has none) or bf16 (`optimize`'s bf16 weights for ours, bf16 autocast otherwise), optionally
+compiled.
 """
 
 from __future__ import annotations
@@ -12,12 +18,15 @@ import contextlib
 import csv
 import ctypes
 import gc
+import json
 import math
 import multiprocessing
 import resource
 import statistics
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +39,11 @@ from resmlp.build import ModelName, parse_model_name
 from resmlp.complexity import count_gmacs, count_params
 from resmlp.fileio import atomic_write
 from resmlp.hostinfo import host_info
+from resmlp.inference import COMPILE_MODES, compile_for_inference, compile_mode, optimize
+from resmlp.models.resmlp import ResMLP
 
-PRECISION = "fp32"  # the benchmark measures fp32 forward passes
+PATHS = ("optimized", "plain")
+PRECISIONS = ("fp32", "tf32", "bf16")
 HOST_COLUMNS = ("cpu", "cpu_capability", "native_bf16", "gpu", "torch", "timm", "precision")
 CSV_COLUMNS = (
     "model",
@@ -40,14 +52,45 @@ CSV_COLUMNS = (
     "gmacs",
     "batch_size",
     "throughput_img_s",
+    "large_batch_size",
+    "throughput_large_img_s",
     "throughput_b1_img_s",
     "peak_memory_mb",
     "weights_mb",
     "top1",
     "device",
+    "path",
+    "compile",
     "threads",
     *HOST_COLUMNS,
 )
+
+# the paper's Table 1 (V100-32GB, batch 32): the rows whose ratio this benchmark prints beside its own
+PAPER_S12, PAPER_DEIT_S = "resmlp_s12", "timm:deit_small_patch16_224"
+PAPER_TABLE1 = {PAPER_S12: dict(throughput=1415.1, peak_memory_mb=179.5),
+                PAPER_DEIT_S: dict(throughput=940.4, peak_memory_mb=217.2)}
+PAPER_BATCH, PAPER_IMG_SIZE = 32, 224
+
+
+@dataclass(frozen=True)
+class RunMode:
+    """How every model of one benchmark runs: inference path, precision, compilation (what each row records)."""
+
+    path: str = "optimized"
+    precision: str = "fp32"
+    compile: str | None = None  # a torch.compile mode of resmlp.inference.COMPILE_MODES, None: eager
+
+    def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"unknown path {self.path!r}; choose one of {', '.join(PATHS)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise ValueError(f"unknown compile mode {self.compile!r}; choose one of {', '.join(COMPILE_MODES)}")
+
+    def precision_on(self, device: torch.device) -> str:
+        """The precision that runs there: tf32 is a CUDA matrix mode, a CPU computes it in fp32."""
+        return "fp32" if self.precision == "tf32" and device.type != "cuda" else self.precision
 
 
 @dataclass(frozen=True)
@@ -139,6 +182,64 @@ def build_model(spec: ModelSpec, img_size: int | None = None) -> tuple[nn.Module
     return model, (chans, size or height, size or width)
 
 
+# ------------------------------------------------------------------------------------------ how models run
+class BF16Autocast(nn.Module):
+    """A model run in bf16 autocast, fp32 logits out: how a timm model (or our plain one) runs in bf16."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return self.model(x).float()
+
+
+def runs_optimized(model: nn.Module, mode: RunMode) -> bool:
+    """Whether `mode` runs this model through `resmlp.inference.optimize` (ours, path optimized)."""
+    return mode.path == "optimized" and isinstance(model, ResMLP)
+
+
+def timed_model(model: nn.Module, mode: RunMode, device: torch.device) -> nn.Module:
+    """The module the benchmark times: `model` on `device`, run as `mode` says (see the module docstring)."""
+    model = model.to(device).eval()
+    if runs_optimized(model, mode):
+        with warnings.catch_warnings():
+            # the command says once that bf16 is emulated on this CPU; optimize would say it per model
+            warnings.filterwarnings("ignore", message=r"this \w+ has no native bf16")
+            return optimize(model, "bf16" if mode.precision == "bf16" else "fp32", compile=mode.compile or False)
+    runner = BF16Autocast(model) if mode.precision == "bf16" else model
+    return compile_for_inference(runner, mode.compile) if mode.compile else runner
+
+
+@contextlib.contextmanager
+def float32_matmul(precision: str, device: torch.device) -> Iterator[None]:
+    """fp32 products in TF32 for precision 'tf32' on CUDA, in full fp32 otherwise, restored afterwards.
+
+    cuDNN's convolutions (a ResNet's) run in TF32 by default: a 'fp32' row switches that off too.
+    """
+    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    tf32 = precision == "tf32" and device.type == "cuda"
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.allow_tf32 = saved[1]
+
+
+def _recompile_room(mode: RunMode, graphs: int) -> contextlib.AbstractContextManager:
+    """Compiled with static shapes, each model and batch size is one graph of a shared forward (models of one
+    class share it): torch's default limit of 8 would silently run the rest eagerly."""
+    if not mode.compile:
+        return contextlib.nullcontext()
+    import torch._dynamo
+
+    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # older
+    return torch._dynamo.config.patch(**{name: max(8, graphs + 8)})
+
+
 # ------------------------------------------------------------------------------------------ memory
 def _rss_kib(field_name: str) -> int:
     with open("/proc/self/status") as f:
@@ -156,7 +257,7 @@ def _release_free_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _cpu_peak_child(spec: ModelSpec, batch_size: int, img_size: int | None) -> float:
+def _cpu_peak_child(spec: ModelSpec, mode: RunMode, batch_size: int, img_size: int | None) -> float:
     """Runs in a fresh process: MiB by which resident memory grows during one forward pass.
 
     A warm-up pass first does one-time allocations (kernel caches); freed memory is then trimmed back to
@@ -164,7 +265,8 @@ def _cpu_peak_child(spec: ModelSpec, batch_size: int, img_size: int | None) -> f
     after the second pass is exactly that pass's growth. Without clear_refs (not Linux), the fallback is
     the ru_maxrss growth over both passes, which can only over-estimate.
     """
-    model, shape = build_model(spec, img_size)
+    built, shape = build_model(spec, img_size)
+    model = timed_model(built, mode, torch.device("cpu"))
     x = torch.randn(batch_size, *shape)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with torch.inference_mode():
@@ -182,7 +284,7 @@ def _cpu_peak_child(spec: ModelSpec, batch_size: int, img_size: int | None) -> f
             return growth / 2**20 if sys.platform == "darwin" else growth / 1024  # bytes on macOS, else KiB
 
 
-def cpu_peak_memory_mb(spec: ModelSpec, batch_size: int, img_size: int | None) -> float:
+def cpu_peak_memory_mb(spec: ModelSpec, batch_size: int, img_size: int | None, mode: RunMode = RunMode()) -> float:
     """Peak RSS growth of one forward pass, measured in its own process so models can't share freed memory.
 
     The process comes from a fork server: forking this (threaded) process could deadlock the child on a
@@ -190,7 +292,7 @@ def cpu_peak_memory_mb(spec: ModelSpec, batch_size: int, img_size: int | None) -
     forks clean single-threaded children.
     """
     with ProcessPoolExecutor(1, mp_context=_fresh_process_context()) as pool:
-        return pool.submit(_cpu_peak_child, spec, batch_size, img_size).result()
+        return pool.submit(_cpu_peak_child, spec, mode, batch_size, img_size).result()
 
 
 def _fresh_process_context() -> multiprocessing.context.BaseContext:
@@ -280,59 +382,66 @@ def run_benchmark(
     img_size: int | None = None,
     accuracies: dict[str, float] | None = None,
     progress: bool = False,
+    mode: RunMode | None = None,
+    large_batch_size: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per model with the CSV_COLUMNS (the host's facts included), all models measured in the same
-    run. progress: a tqdm bar on stderr over every model's memory, build and each timed round."""
+    """One row per model with the CSV_COLUMNS (the host's facts and `mode` included), all models measured in
+    the same run: throughput at `batch_size`, `large_batch_size` (None: not measured) and 1, peak memory at
+    `batch_size`. progress: a tqdm bar on stderr over every model's memory, build and each timed round."""
     from tqdm.auto import tqdm
 
+    mode = mode or RunMode()
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu")
+    compile_mode(mode.compile, dev)  # a mode this device can't run is refused before any work
     accuracies = _match_accuracies(specs, accuracies or {})
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"a model is listed twice in {labels}; give each once")
-    # per model: memory (CPU: its own process), build, then at batch N and 1 a warm-up and `repeats` timings
-    steps = len(specs) * ((dev.type == "cpu") + 1 + 2 * (1 + repeats))
-    with tqdm(total=steps, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not progress) as bar:
+    batches = [batch_size, *([large_batch_size] if large_batch_size else []), 1]
+    # per model: memory (CPU: its own process), build, then per batch size a warm-up and `repeats` timings
+    steps = len(specs) * ((dev.type == "cpu") + 1 + len(batches) * (1 + repeats))
+    with (
+        tqdm(total=steps, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not progress) as bar,
+        float32_matmul(mode.precision, dev),
+        _recompile_room(mode, len(specs) * len(batches)),
+    ):
         # CPU memory first: the measuring processes are forked before this process has run any forward pass
         memory = {}
         if dev.type == "cpu":
             for label, spec in zip(labels, specs, strict=True):
                 _tell(bar, f"memory {label}")
-                memory[label] = cpu_peak_memory_mb(spec, batch_size, img_size)
+                memory[label] = cpu_peak_memory_mb(spec, batch_size, img_size, mode)
                 _advance(bar)
-        rows, batched, single = [], {}, {}
+        rows, runners, inputs, shapes = [], {}, {}, {}
         for label, spec in zip(labels, specs, strict=True):
             _tell(bar, f"build {label}")
             model, shape = build_model(spec, img_size)
-            params = count_params(model)
-            gmacs = count_gmacs(model, shape)
-            model.to(dev)
-            batched[label] = (model, torch.randn(batch_size, *shape, device=dev))
-            single[label] = (model, torch.randn(1, *shape, device=dev))
+            shapes[label] = shape
+            row = dict(model=label, img_size=shape[-1], params_m=round(count_params(model) / 1e6, 2),
+                       gmacs=float(f"{count_gmacs(model, shape):.4g}"), batch_size=batch_size,
+                       large_batch_size=large_batch_size, top1=accuracies.get(label), device=str(dev),
+                       path="optimized" if runs_optimized(model, mode) else "plain", compile=mode.compile)
+            runners[label] = timed_model(model, mode, dev)
+            del model  # on a GPU the timed copy is what should hold memory
+            for batch in batches:  # one input per batch and image shape, shared by the models of that shape
+                inputs.setdefault((batch, shape), torch.randn(batch, *shape, device=dev))
             if dev.type == "cuda":
-                memory[label] = cuda_peak_memory_mb(model, batched[label][1])
-            rows.append(
-                dict(
-                    model=label,
-                    img_size=shape[-1],
-                    params_m=round(params / 1e6, 2),
-                    gmacs=float(f"{gmacs:.4g}"),
-                    batch_size=batch_size,
-                    peak_memory_mb=round(memory[label], 1),
-                    weights_mb=round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1),
-                    top1=accuracies.get(label),
-                    device=str(dev),
-                )
-            )
+                memory[label] = cuda_peak_memory_mb(runners[label], inputs[batch_size, shape])
+            row["peak_memory_mb"] = round(memory[label], 1)
+            row["weights_mb"] = round(sum(p.numel() * p.element_size() for p in runners[label].parameters()) / 2**20, 1)
+            rows.append(row)
             _advance(bar)
-        speed = measure_throughput(batched, repeats, warmup, min_time, bar)
-        speed_1 = measure_throughput(single, repeats, warmup, min_time, bar)
-    host = host_info(PRECISION)
+        speeds = {}
+        for batch in batches:
+            timed = {label: (runners[label], inputs[batch, shapes[label]]) for label in labels}
+            speeds[batch] = measure_throughput(timed, repeats, warmup, min_time, bar)
+    host = host_info(mode.precision_on(dev))
     for row in rows:
-        row["throughput_img_s"] = round(speed[row["model"]], 1)
-        row["throughput_b1_img_s"] = round(speed_1[row["model"]], 1)
+        row["throughput_img_s"] = round(speeds[batch_size][row["model"]], 1)
+        row["throughput_large_img_s"] = round(speeds[large_batch_size][row["model"]], 1) if large_batch_size else None
+        row["throughput_b1_img_s"] = round(speeds[1][row["model"]], 1)
         row.update(host)
     return [{k: row[k] for k in CSV_COLUMNS} for row in rows]
 
@@ -375,6 +484,50 @@ def _match_accuracies(specs: list[ModelSpec], accuracies: dict[str, float]) -> d
             )
         out.update(dict.fromkeys(hits, value))
     return out
+
+
+def paper_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ResMLP-S12 / DeiT-S in this table beside the same ratio in the paper's Table 1 (V100, batch 32):
+    throughput at the table's batch and large batch, peak memory at the table's batch. Empty when the table
+    lacks either model exactly as the paper's (`resmlp_s12`, `timm:deit_small_patch16_224`, 224 px)."""
+    by_name = {r["model"]: r for r in rows if r["img_size"] == PAPER_IMG_SIZE}
+    if PAPER_S12 not in by_name or PAPER_DEIT_S not in by_name:
+        return []
+    ours, deit = by_name[PAPER_S12], by_name[PAPER_DEIT_S]
+    paper = {key: PAPER_TABLE1[PAPER_S12][key] / PAPER_TABLE1[PAPER_DEIT_S][key] for key in PAPER_TABLE1[PAPER_S12]}
+    pairs = [("throughput", "throughput_img_s", "batch_size"),
+             ("throughput", "throughput_large_img_s", "large_batch_size"),
+             ("peak_memory_mb", "peak_memory_mb", "batch_size")]
+    out = []
+    for quantity, column, batch in pairs:
+        if ours[column] is None or deit[column] is None:  # no large batch measured
+            continue
+        out.append(dict(quantity=quantity, batch_size=ours[batch], ratio=_ratio(ours[column], deit[column]),
+                        paper_ratio=round(paper[quantity], 2), paper_batch_size=PAPER_BATCH,
+                        s12_path=ours["path"], **{k: ours[k] for k in ("device", "precision", "compile")}))
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None  # a peak of 0 MB (rounded): no ratio
+
+
+def ratio_line(ratios: list[dict[str, Any]]) -> str:
+    """One line: the measured ratios, each beside the paper's."""
+    if not ratios:
+        return ""
+    first = ratios[0]
+    how = f"{first['device']}, {first['precision']}, {'compiled ' + first['compile'] if first['compile'] else 'eager'}"
+    parts = [f"{'throughput' if r['quantity'] == 'throughput' else 'peak memory'} "
+             f"{'n/a' if r['ratio'] is None else format(r['ratio'], '.2f') + 'x'} at batch {r['batch_size']} "
+             f"(paper {r['paper_ratio']:.2f}x at batch {r['paper_batch_size']})" for r in ratios]
+    return f"ResMLP-S12 ({first['s12_path']}) / DeiT-S here ({how}): " + "; ".join(parts)
+
+
+def write_json(rows: list[dict[str, Any]], ratios: list[dict[str, Any]], path: str | Path) -> Path:
+    """The table's rows (each with its host, device, path, precision, compile and batches) and the ratios."""
+    text = json.dumps(dict(rows=rows, s12_over_deit_s=ratios), indent=2, allow_nan=False)
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from resmlp.commands.common import add_threads_argument
+
+if TYPE_CHECKING:
+    from resmlp.analysis.benchmark import RunMode
 
 # the benchmark's default models (kept here so that --help imports no torch)
 DEFAULT_MODELS = "resmlp_s12,resmlp_s24,mixer_s16,timm:deit_small_patch16_224,timm:resnet50,resmlp_12_224"
@@ -13,19 +17,43 @@ DEFAULT_MODELS = "resmlp_s12,resmlp_s24,mixer_s16,timm:deit_small_patch16_224,ti
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "benchmark",
-        help="Table 1 for this machine: params, GMACs, throughput at batch N and 1, peak memory, top-1",
+        help="Table 1 for this machine: params, GMACs, throughput at batch N, a large batch and 1, peak memory, top-1",
         description="Measure all models in one run (interleaved rounds after warm-up, median reported). "
         "Models are named as everywhere in resmlp: a preset, timm:NAME, torchvision:NAME (random weights) or a "
         "checkpoint file, each with optional constructor overrides in brackets, values read as YAML, e.g. "
         "resmlp_s12[dim=64,depth=2,img_size=32,patch_size=8],timm:resnet50,runs/x/best.safetensors. The "
-        "table, its CSV and the plot record the host (CPU, capability, native bf16, GPU, threads, versions).",
+        "table, its CSV/JSON and the plot record the host (CPU, capability, native bf16, GPU, threads, versions), "
+        "the device, the inference path, precision and compilation. When resmlp_s12 and "
+        "timm:deit_small_patch16_224 are both listed, their throughput and memory ratios are printed beside the "
+        "paper's.",
     )
     p.add_argument(
         "--models", default=DEFAULT_MODELS,
         help=f"comma-separated models, NAME[key=value,...] (default: {DEFAULT_MODELS})",
     )
     p.add_argument(
-        "--batch-size", type=_positive_int, default=32, help="batch for throughput and memory (default 32)"
+        "--path", default="optimized",
+        help="how our ResMLP/Mixer models run: optimized (default; what `resmlp predict` runs: "
+        "resmlp.inference.optimize) or plain (the model as built, as the paper timed it); timm and torchvision "
+        "models always run as built",
+    )
+    p.add_argument(
+        "--precision", default="fp32",
+        help="fp32 (default), tf32 (fp32 with CUDA's TF32 matrix products; plain fp32 on a CPU) or bf16 (our "
+        "optimized models in bf16, the others in bf16 autocast)",
+    )
+    p.add_argument(
+        "--compile", nargs="?", const="default", default=None, metavar="MODE",
+        help="torch.compile every model (static shapes); MODE default (if omitted), max-autotune, or "
+        "reduce-overhead (CUDA graphs, GPU only)",
+    )
+    p.add_argument(
+        "--batch-size", type=_positive_int, default=32,
+        help="batch for throughput and memory (default 32, the paper's Table 1 batch)",
+    )
+    p.add_argument(
+        "--large-batch", type=int, default=256,
+        help="a second, large batch for throughput (default 256; 0: none)",
     )
     p.add_argument(
         "--repeats", type=_positive_int, default=5, help="timed rounds per model; median reported (5)"
@@ -61,7 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "...) or an ImageNet-layout folder (its val/ split); other models take theirs from --accuracy",
     )
     p.add_argument("--val-dir", default=None, help="folder of a --val-data kind (default: the kind's location)")
-    p.add_argument("--output", default=None, help="write the table as CSV here")
+    p.add_argument("--output", default=None,
+                   help="write the table here: FILE.json (rows and the S12/DeiT-S ratios) or CSV (any other name)")
     p.add_argument("--plot", default=None, help="write a throughput-vs-accuracy PNG here (needs --accuracy)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(run=run)
@@ -75,14 +104,14 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from resmlp.analysis import benchmark
     from resmlp.hostinfo import host_line
     from resmlp.runtime import process_settings, resolve_device
 
     specs = benchmark.parse_models(args.models)
+    mode = benchmark.RunMode(args.path, args.precision, args.compile)
+    if args.large_batch < 0:
+        raise ValueError(f"--large-batch must be a batch size, or 0 for none; got {args.large_batch}")
     accuracies = benchmark.parse_accuracies(args.accuracy) if args.accuracy else {}
     device = str(resolve_device(args.device or "auto"))
     if args.plot and not (accuracies or args.val_data):
@@ -100,16 +129,52 @@ def run(args: argparse.Namespace) -> int:
             img_size=args.img_size,
             accuracies=accuracies,
             progress=args.progress,
+            mode=mode,
+            large_batch_size=args.large_batch or None,
         )
         host = host_line()
+    print_table(args, rows, device)
+    print(host)
+    for note in _precision_notes(mode, device):
+        print(note)
+    ratios = benchmark.paper_ratios(rows)
+    if ratios:
+        print(benchmark.ratio_line(ratios))
+    if args.output:
+        path = (benchmark.write_json(rows, ratios, args.output) if str(args.output).lower().endswith(".json")
+                else benchmark.write_csv(rows, args.output))
+        print(f"wrote {path}")
+    if args.plot:
+        print(f"wrote {benchmark.plot_tradeoff(rows, args.plot)}")
+    return 0
+
+
+def _precision_notes(mode: RunMode, device: str) -> list[str]:
+    """What the precision meant on this device, where it is not what the flag says."""
+    from resmlp.inference import native_bf16_available
+
+    notes = []
+    if mode.precision == "tf32" and not device.startswith("cuda"):
+        notes.append("tf32 is a CUDA matrix mode: on the CPU these rows ran (and record) fp32")
+    if mode.precision == "bf16" and not native_bf16_available(device):
+        notes.append(f"this {device} has no native bf16 matrix units: bf16 products were emulated (slow)")
+    return notes
+
+
+def print_table(args: argparse.Namespace, rows: list[dict[str, Any]], device: str) -> None:
+    """The rows as a rich table (wide when piped to a file)."""
+    from rich.console import Console
+    from rich.table import Table
+
     memory_note = (
         "growth of torch.cuda.max_memory_allocated"
         if device.startswith("cuda")
         else "growth of peak RSS, each model in its own process"
     )
+    how = f"compiled ({args.compile})" if args.compile else "eager"
     table = Table(
-        title=f"Table 1 on this machine: {device}, {rows[0]['threads']} threads, {rows[0]['precision']}, "
-        f"median of {args.repeats} interleaved rounds",
+        title=f"Table 1 on this machine: {device}, {rows[0]['threads']} threads, {rows[0]['precision']}, {how}, "
+        f"ours {args.path}, median of {args.repeats} interleaved rounds",
         caption=f"peak MB: memory one forward pass at batch {args.batch_size} adds to the loaded "
         f"model ({memory_note}); weights MB: parameter storage",
     )
@@ -119,11 +184,13 @@ def run(args: argparse.Namespace) -> int:
         ("params (M)", "params_m"),
         ("GMACs", "gmacs"),
         (f"im/s @{args.batch_size}", "throughput_img_s"),
+        *([(f"im/s @{args.large_batch}", "throughput_large_img_s")] if args.large_batch else []),
         ("im/s @1", "throughput_b1_img_s"),
+        ("path", "path"),
         ("peak MB", "peak_memory_mb"),
         ("weights MB", "weights_mb"),
     ]
-    if accuracies:
+    if any(row["top1"] is not None for row in rows):
         columns.append(("top-1", "top1"))
     for title, _ in columns:
         table.add_column(title, justify="left" if title == "model" else "right")
@@ -133,9 +200,3 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:  # piped to a file: don't squeeze the table into 80 columns
         console = Console(width=160)
     console.print(table)
-    print(host)
-    if args.output:
-        print(f"wrote {benchmark.write_csv(rows, args.output)}")
-    if args.plot:
-        print(f"wrote {benchmark.plot_tradeoff(rows, args.plot)}")
-    return 0

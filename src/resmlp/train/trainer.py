@@ -279,7 +279,8 @@ class Trainer:
         self.task.after_optimizer_step(self)
 
     def _compiled(self, module: nn.Module) -> nn.Module:
-        return compile_module(module, cuda_graphs=self.compile_choice.cuda_graphs)
+        # on one GPU the compiled graphs are replayed as CUDA graphs (static shapes: drop_last)
+        return compile_module(module, **({"mode": "reduce-overhead"} if self.compile_choice.cuda_graphs else {}))
 
     def _maybe_compile(self) -> None:
         """train.compile=auto: compile once the eager steps say the rest of the run pays for it."""
