@@ -58,7 +58,7 @@ def host_info() -> dict[str, object]:
     return {**hostinfo.host_info(), "resmlp": getattr(resmlp, "__version__", "dev")}
 
 
-def build(variant: str, config: dict[str, object], img_size: int, device: torch.device) -> torch.nn.Module:
+def build(variant: str, config: dict[str, object], img_size: int, device: str | torch.device = "cpu") -> torch.nn.Module:
     torch.manual_seed(0)
     if variant.startswith("timm"):
         model = MlpMixer(
