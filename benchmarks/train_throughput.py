@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 from timm.models.mlp_mixer import Affine, MlpMixer, ResBlock
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import resmlp
@@ -58,7 +59,7 @@ def host_info() -> dict[str, object]:
     return {**hostinfo.host_info(), "resmlp": getattr(resmlp, "__version__", "dev")}
 
 
-def build(variant: str, config: dict[str, object], img_size: int, device: str | torch.device = "cpu") -> torch.nn.Module:
+def build(variant: str, config: dict[str, object], img_size: int, device: str | torch.device = "cpu") -> nn.Module:
     torch.manual_seed(0)
     if variant.startswith("timm"):
         model = MlpMixer(
