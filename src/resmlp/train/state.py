@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 STATE_FILE = "last.pth"
 STATE_VERSION = 2  # 2: task state under "task", the schedule rebuilt from the config
 # what a resume may change: where and how fast it runs, how long (more epochs extend a finished run), the
-# learning rate (lowered after a non-finite loss), the fused step (same arithmetic) and logging
+# learning rate (lowered after a non-finite loss), the fused step (same arithmetic), logging, and the gradient
+# accumulation (the global batch stays: a job resumed on fewer nodes accumulates what more nodes held at once)
 RESUMABLE_CHANGES = ("schedule.epochs", "optim.lr", "train.device", "train.threads", "train.progress",
                      "train.fused_step", "train.checkpoint_every_steps", "train.deterministic", "data.num_workers",
-                     "data.dir")
+                     "data.dir", "train.grad_accum")
 
 
 def save_state(path: str | Path, state: dict[str, Any]) -> Path:
