@@ -62,10 +62,15 @@ def torchrun() -> str:
 
 
 @pytest.fixture
-def no_tf32(monkeypatch):
-    """fp32 means fp32: TF32 products (cuDNN's default for convolutions) would make every bound TF32's."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+def no_tf32():
+    """fp32 means fp32: TF32 products (cuDNN's default for convolutions) would make every bound TF32's.
+    (Subprocesses get NVIDIA_TF32_OVERRIDE=0.)"""
+    matmul, conv = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = conv
 
 
 # ------------------------------------------------------------------------------------------ mixed precision
@@ -126,9 +131,10 @@ def test_mixed_precision_training_on_the_gpu_stays_near_fp32(tmp_path, no_tf32, 
 
 # ------------------------------------------------------------------------------------------ exact resume
 @CUDA
-def test_sigkill_resume_on_the_gpu_is_bit_identical_in_fp32(tmp_path, no_tf32, monkeypatch):
+def test_sigkill_resume_on_the_gpu_is_bit_identical_in_fp32(tmp_path, monkeypatch):
     """tests/test_train_resume.py on the GPU: killed mid-epoch, resumed, the weights of an uninterrupted run."""
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (train.deterministic)
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
     overrides = {**RESUME_OVERRIDES, "train.amp": "none", "train.device": "cuda", "train.deterministic": True}
     killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "killed"), json.dumps(overrides)],
                             capture_output=True, text=True, timeout=TIMEOUT)

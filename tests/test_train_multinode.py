@@ -178,3 +178,25 @@ def test_a_resume_whose_epoch_would_have_another_length_is_refused(tmp_path, cap
     assert main(["train", "--output", str(tmp_path / "run"), "--resume", "--epochs", "2", *sets]) == 2
     err = capsys.readouterr().err
     assert "trained at 2 process(es) with 4 steps per epoch" in err and "resume at 2 process(es)" in err
+
+
+@pytest.mark.parametrize("repeats", [0, 3])  # 3: the DeiT recipe's repeated augmentation (timm's sampler)
+def test_every_process_count_continues_the_same_global_order(repeats):
+    """The sampler's side of a resume at another process count, for both samplers it wraps: after 2 steps of
+    a global batch of 16, the ranks of 1, 2 or 4 processes together hold the rest of one global order."""
+    from resmlp.data.samplers import ResumableSampler
+
+    dataset, batch, steps_done = range(512), 16, 2
+
+    def rest_of_epoch(world: int) -> list[tuple[int, int]]:
+        keys = []
+        for rank in range(world):
+            sampler = ResumableSampler(dataset, seed=5, world_size=world, rank=rank, repeats=repeats)
+            sampler.set_position(epoch=1, skip=steps_done * batch // world)
+            keys += [(position, index) for _, _, position, index in sampler]
+        return sorted(keys)
+
+    one = rest_of_epoch(1)
+    assert [position for position, _ in one] == list(range(steps_done * batch, 512))
+    for world in (2, 4):
+        assert rest_of_epoch(world) == one, f"{world} processes continue another order than one"
