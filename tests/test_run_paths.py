@@ -112,3 +112,24 @@ def test_a_folder_without_val_and_no_split_to_carve_is_one_line(workspace, tmp_p
     assert main(["train", "--output", str(tmp_path / "run"), *sets]) == 2
     err = capsys.readouterr().err
     assert "has no val/ folder" in err and "data.val_size" in err and "Traceback" not in err
+
+
+def test_the_authors_recipe_on_an_imagenet_layout_folder_ends_with_its_summary(tmp_path, capsys):
+    """The issue's case: `resmlp train --recipe deit` on train/ + val/ (no test/) trained, then crashed printing."""
+    rng = np.random.default_rng(1)
+    for split, per_class in (("train", 128), ("val", 4)):  # 256: timm's repeated-augmentation sampler's unit
+        for label, cls in enumerate(CLASSES):
+            (tmp_path / "data" / split / cls).mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.normal(80 + 100 * label, 30, (12, 12, 3)).clip(0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(tmp_path / "data" / split / cls / f"{i}.jpg")
+    tiny = {"model.img_size": 16, "model.patch_size": 8, "model.dim": 16, "model.depth": 1, "train.batch_size": 64,
+            "data.num_workers": 0, "train.progress": False, "train.threads": 1, "schedule.warmup_epochs": 0}
+    out = tmp_path / "run"
+    code = main(["train", "--recipe", "deit", "--data-dir", str(tmp_path / "data"), "--output", str(out), "--epochs",
+                 "1", *(f"--set={key}={json.dumps(value)}" for key, value in tiny.items())])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-2000:]
+    assert "no test split" in printed.out and "best checkpoint:" in printed.out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["test_top1"] is None and summary["final_test_top1"] is None and summary["recipe"] == "deit"
