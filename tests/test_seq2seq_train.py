@@ -143,6 +143,7 @@ def test_trainer_puts_model_and_batches_on_the_device_of_its_dist_info(corpus, t
     assert all(devices == {info.device} for devices in seen)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_training_runs_on_the_gpu(corpus, tmp_path, monkeypatch, precision):

@@ -23,7 +23,8 @@ def run_dino(args: argparse.Namespace) -> int:
 
     summary = pretrain_dino(args.recipe, args.output, training_overrides(args), args.resume)
     if is_main_process():
-        print(f"k-NN top-1 {summary['knn_top1']:.2f}% after {summary['epochs']} epochs in "
+        test = ("no test split" if summary["test_knn_top1"] is None else f"test {summary['test_knn_top1']:.2f}%")
+        print(f"k-NN top-1 {summary['knn_top1']:.2f}% on validation ({test}) after {summary['epochs']} epochs in "
               f"{summary['wall_seconds']:.0f}s\n"
               f"  teacher backbone: {summary['checkpoint']}\n"
               f"  summary:          {args.output}/summary.json\n"

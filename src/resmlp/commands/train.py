@@ -62,13 +62,21 @@ def print_summary(summary: dict, output: str) -> None:
 
     if not is_main_process():
         return
-    print(f"test top-1 {summary['test_top1']:.2f}%, top-5 {summary['test_top5']:.2f}% after {summary['epochs']} "
+    print(f"{test_scores_line(summary)} after {summary['epochs']} "
           f"epochs in {summary['wall_seconds']:.0f}s ({summary['amp']} on {summary['host']['cpu_capability']})\n"
           f"  best checkpoint:  {summary['checkpoint']}\n"
           f"  metrics:          {summary['metrics']} (TensorBoard: {output}/tensorboard)\n"
           f"  learning curves:  {summary['learning_curves']}\n"
           f"  summary:          {output}/summary.json\n"
           f"  evaluate it:      resmlp eval {output}")
+
+
+def test_scores_line(summary: dict) -> str:
+    """The test split's scores, or the validation score where the dataset has no test split (an ImageNet-style
+    folder with train/ and val/ only: its summary.json holds None for the test keys)."""
+    if summary["test_top1"] is None:
+        return f"no test split; validation top-1 {summary['val_top1']:.2f}%, top-5 {summary['val_top5']:.2f}%"
+    return f"test top-1 {summary['test_top1']:.2f}%, top-5 {summary['test_top5']:.2f}%"
 
 
 def run_eval(args: argparse.Namespace) -> int:

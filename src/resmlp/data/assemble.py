@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchvision import transforms
+
 from resmlp.data import (
     KINDS_WITH_VAL,
     ArrayDataset,
@@ -69,15 +71,24 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
                 pre.train_transform(d.scale, d.ratio, d.hflip, d.color_jitter, d.auto_augment, d.reprob))
     train = build_dataset(d.kind, "train", transform=train_tf, **common)
     eval_tf = pre.eval_transform()
-    if d.kind in KINDS_WITH_VAL:
+    folder_without_val = d.kind == "folder" and d.dir is not None and not (Path(d.dir) / "val").is_dir()
+    if d.kind in KINDS_WITH_VAL and not folder_without_val:
         val, validation = build_dataset(d.kind, "val", transform=eval_tf, **common), "the dataset's val split"
         test = _optional_test(d, eval_tf, common)
     elif d.val_size:
-        test = build_dataset(d.kind, "test", transform=eval_tf, **common)
-        kept, held = stratified_split(train.labels, d.val_size, d.val_seed)
         # the datasets' transforms carry the run's pixel permutation, if any (build_dataset adds it)
-        train, val = train.subset(kept, train.transform), train.subset(held, test.transform)
+        if folder_without_val:
+            test = _optional_test(d, eval_tf, common)
+            val_tf = _with_permutation(eval_tf, d, img_size)
+        else:
+            test = build_dataset(d.kind, "test", transform=eval_tf, **common)
+            val_tf = test.transform
+        kept, held = stratified_split(train.labels, d.val_size, d.val_seed)
+        train, val = train.subset(kept, train.transform), train.subset(held, val_tf)
         validation = f"{d.val_size} images carved from train (class-stratified, seed {d.val_seed})"
+    elif folder_without_val:
+        raise ValueError(f"{d.dir} has no val/ folder: add {d.dir}/val/<class>/ or carve a validation split "
+                         "from train/ with --set data.val_size=N")
     else:
         val = test = build_dataset(d.kind, "test", transform=eval_tf, **common)
         validation = "the test split (data.val_size 0: model selection sees the test set)"
@@ -99,6 +110,13 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
                         if isinstance(test, ArrayDataset) else None)
     return RunData(train, val, test, train_eval, list(train.class_names), pre, validation, augment, val_batched,
                    test_batched)
+
+
+def _with_permutation(transform, d: DataConfig, img_size: int):
+    """`transform` followed by the run's pixel permutation, as build_dataset composes them."""
+    if d.permute == "none":
+        return transform
+    return transforms.Compose([transform, PixelPermutation(d.permute, img_size, d.permute_patch, d.permute_seed)])
 
 
 def _with_transform(dataset, transform):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
+import numpy as np
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
@@ -35,6 +37,18 @@ class SkippingImageFolder(ImageFolder):
         self.in_chans = in_chans
         self.max_image_pixels = max_image_pixels
         self.class_names = list(self.classes)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return np.asarray(self.targets, dtype=np.int64)
+
+    def subset(self, indices: np.ndarray, transform=None) -> SkippingImageFolder:
+        """The images at `indices`, with `transform`: a validation split carved from a folder without val/."""
+        out = copy.copy(self)
+        out.samples = [self.samples[i] for i in indices]
+        out.imgs, out.targets = out.samples, [target for _, target in out.samples]
+        out.transform = transform
+        return out
 
     def __getitem__(self, index: int):
         path, target = self.samples[index]

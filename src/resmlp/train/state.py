@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 STATE_FILE = "last.pth"
 STATE_VERSION = 2  # 2: task state under "task", the schedule rebuilt from the config
 # what a resume may change: where and how fast it runs, how long (more epochs extend a finished run), the
-# learning rate (lowered after a non-finite loss), the fused step (same arithmetic) and logging
+# learning rate (lowered after a non-finite loss), the fused step (same arithmetic), logging, and the gradient
+# accumulation (the global batch stays: a job resumed on fewer nodes accumulates what more nodes held at once)
 RESUMABLE_CHANGES = ("schedule.epochs", "optim.lr", "train.device", "train.threads", "train.progress",
                      "train.fused_step", "train.checkpoint_every_steps", "train.deterministic", "data.num_workers",
-                     "data.dir", "train.compile", "train.log_every_steps")
+                     "data.dir", "train.grad_accum", "train.compile", "train.log_every_steps")
 
 
 def save_state(path: str | Path, state: dict[str, Any]) -> Path:
@@ -67,6 +68,20 @@ def check_resumable(path: str | Path, saved: dict[str, Any], now: dict[str, Any]
                          "resume can extend a run, not shorten it")
 
 
+def check_same_epochs(trainer: TrainerView, state: dict[str, Any]) -> None:
+    """A resume may change the number of processes (a preempted cluster job coming back on fewer or more nodes):
+    the global batch is the config's, and the sampler's global positions deal the same images to the steps
+    whatever the process count. It is refused only where the epoch would get another number of steps: the
+    training set padded to a multiple of the process count (torch's DistributedSampler) can add one."""
+    saved = state.get("steps_per_epoch", trainer.steps_per_epoch)  # states written before it was recorded
+    if saved != trainer.steps_per_epoch:
+        raise ValueError(
+            f"{trainer.state_path} was trained at {state['world_size']} process(es) with {saved} steps per epoch; at "
+            f"{trainer.info.world_size} process(es) the {len(trainer.data.train)} training images make "
+            f"{trainer.steps_per_epoch} steps of train.batch_size={trainer.cfg.train.batch_size}; resume at "
+            f"{state['world_size']} process(es), or at a count that splits the epoch into {saved} steps too")
+
+
 def state_to_resume(out: Path, resume: bool | str | Path) -> Path | None:
     """The state file a run continues (resume True: OUT/last.pth), None for a new run; refuses to start a new
     run over an existing one."""
@@ -91,13 +106,15 @@ def snapshot(trainer: TrainerView) -> dict[str, Any]:
         epoch=trainer.epoch,
         step_in_epoch=trainer.step_in_epoch, global_step=trainer.global_step, history=trainer.history,
         best_top1=trainer.best_top1, best_epoch=trainer.best_epoch, epoch_totals=trainer.epoch_totals.clone(),
-        world_size=trainer.info.world_size, wall_seconds=trainer.wall_before + time.perf_counter() - trainer.t0,
+        world_size=trainer.info.world_size, steps_per_epoch=trainer.steps_per_epoch,
+        wall_seconds=trainer.wall_before + time.perf_counter() - trainer.t0,
     )
 
 
 def restore(trainer: TrainerView, state: dict[str, Any]) -> None:
     """Put a saved state back into a freshly built trainer (same config, or one check_resumable accepts)."""
     check_resumable(trainer.state_path, state["config"], trainer.cfg.to_dict())
+    check_same_epochs(trainer, state)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     if trainer.ema is not None and state["ema"] is not None:
