@@ -77,3 +77,49 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path, paradig
         assert a.keys() == b.keys()
         for key in a:
             assert torch.equal(a[key], b[key]), f"{name}:{key} differs after resume"
+
+
+# `resmlp translate train` has its own loop: the same kill, during step 10 (its checkpoint of step 8 written)
+KILLED_TRANSLATION = """
+import json, os, signal, sys
+from resmlp.seq2seq import train
+step, calls = train._optimizer_step, {"n": 0}
+def killing_step(*args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == 10:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(*args, **kwargs)
+train._optimizer_step = killing_step
+train.train_translation(train.TranslationConfig(**json.loads(sys.argv[1])))
+"""
+
+
+def test_translate_train_killed_then_resumed_gives_identical_weights(tmp_path):
+    from num2words import num2words
+
+    from resmlp.seq2seq.train import CHECKPOINT, TranslationConfig, train_translation
+
+    for split, numbers in {"train": range(0, 200), "valid": range(200, 210), "test": range(210, 220)}.items():
+        (tmp_path / f"{split}.en").write_text("".join(num2words(n) + "\n" for n in numbers), encoding="utf-8")
+        (tmp_path / f"{split}.fr").write_text("".join(num2words(n, lang="fr") + "\n" for n in numbers),
+                                              encoding="utf-8")
+    config = dict(data=str(tmp_path), src_suffix="en", tgt_suffix="fr", preset="tiny", vocab_size=120,
+                  max_tokens=256, optimizer="adam", lr=3e-3, warmup_steps=2, max_steps=16, eval_every=4,
+                  log_every=1, beam=1, threads=1, progress=False, device="cpu",
+                  model_overrides={"max_len": 24, "dropout": 0.1})
+    killed_out, straight_out = tmp_path / "killed", tmp_path / "straight"
+    child = [sys.executable, "-c", KILLED_TRANSLATION, json.dumps({**config, "output": str(killed_out)})]
+    killed = subprocess.run(child, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    state = torch.load(killed_out / CHECKPOINT, weights_only=True)
+    assert state["step"] == 8 and state["batch_in_epoch"] > 0  # resumed mid-epoch, not at its start
+
+    train_translation(TranslationConfig(**config, output=str(killed_out)), resume=True)
+    train_translation(TranslationConfig(**config, output=str(straight_out)))
+    a = torch.load(killed_out / CHECKPOINT, weights_only=True)
+    b = torch.load(straight_out / CHECKPOINT, weights_only=True)
+    assert a["step"] == b["step"] == 16
+    for key in b["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), f"{key} differs after resume"
+    logged = [line.split(",")[0] for line in (killed_out / "log.csv").read_text().splitlines()[1:]]
+    assert logged == [str(s) for s in range(1, 17)]  # the steps logged after step 8 by the killed run: once
