@@ -571,6 +571,33 @@ for _label, _content in (("corrupt gzip", b"\x1f\x8b\x08 not really gzip"),
                                  "ubyte.gz")
 
 
+# ------------------------------------------------------------------------------------------ translation corpora
+def _corpus(root: Path, bad: dict[str, bytes]) -> Path:
+    root.mkdir()
+    for split, start in (("train", 0), ("valid", 60), ("test", 70)):
+        for lang in ("en", "fr"):
+            lines = "".join(f"{lang} {n} {n % 7}\n" for n in range(start, start + 10 if split != "train" else 60))
+            (root / f"{split}.{lang}").write_bytes(bad.get(f"{split}.{lang}", lines.encode()))
+    return root
+
+
+for _label, _bad, _words in (
+        ("invalid UTF-8", {"train.fr": b"un\n\xff\xfe deux\n" * 30}, "UTF-8"),
+        ("an empty line", {"valid.en": b"one\n\ntwo\n" + b"x\n" * 7}, "empty"),
+        ("mismatched line counts", {"test.fr": b"un\n" * 3}, "lines"),
+        ("a 10 MB line", {"train.en": b"word " * 2_000_000 + b"\n" + b"en 1 1\n" * 59}, "")):
+    @case(f"`resmlp translate train` on a corpus with {_label}")
+    def _(d: Path, bad=_bad, words=_words):
+        data = _corpus(d / "c", bad)
+        rc, err = cli("translate", "train", "--data", str(data), "--src-suffix", "en", "--tgt-suffix", "fr",
+                      "--preset", "tiny", "--vocab-size", "40", "--max-tokens", "256", "--max-steps", "2",
+                      "--eval-every", "2", "--beam", "1", "--threads", "1", "--output", str(d / "o"))
+        if words:
+            return clean_cli_failure(rc, err, words)
+        last = err.splitlines()[-1] if err else "(no message)"
+        return "Traceback" not in err, f"exit {rc}: {last[:150]}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
