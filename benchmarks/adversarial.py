@@ -594,8 +594,8 @@ for _label, _bad, _words in (
                       "--eval-every", "2", "--beam", "1", "--threads", "1", "--output", str(d / "o"))
         if words:
             return clean_cli_failure(rc, err, words)
-        last = err.splitlines()[-1] if err else "(no message)"
-        return "Traceback" not in err, f"exit {rc}: {last[:150]}"
+        warned = [line for line in err.splitlines() if "truncat" in line]
+        return "Traceback" not in err and rc == 0 and bool(warned), f"exit {rc}: {(warned or ['no warning'])[0][:150]}"
 
 
 def main() -> int:
