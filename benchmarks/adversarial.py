@@ -391,6 +391,213 @@ def _(d: Path):
     return b"Traceback" not in err, f"exit {proc.returncode}, stderr {'empty' if not err else err[-80:]!r}"
 
 
+# ------------------------------------------------------------------------------------------ unbounded configs
+LAUGHS = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True))
+
+
+@case("billion-laughs recipe (nested YAML aliases, <500 bytes) to `resmlp train`")
+def _(d: Path):
+    (d / "laughs.yaml").write_text(LAUGHS)
+    start = time.perf_counter()
+    ok, how = clean_cli_failure(*cli("train", "--recipe", str(d / "laughs.yaml"), "--output", str(d / "o"),
+                                     timeout=120), "small document")
+    return ok, f"{how} ({time.perf_counter() - start:.1f} s)"
+
+
+@case("recipe nested 100000 levels deep")
+def _(d: Path):
+    (d / "deep.yaml").write_text("model: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    return clean_cli_failure(*cli("train", "--recipe", str(d / "deep.yaml"), "--output", str(d / "o")), "nested")
+
+
+for _override, _words in (("model.depth=1000000000", "depth"), ("model.dim=1000000", "dim"),
+                          ("model.img_size=1000000", "img_size"), ("data.synthetic_classes=0", "synthetic_classes"),
+                          ("train.batch_size=100000000", "batch_size"), ("optim.lr=.nan", "finite"),
+                          ("model.dim=16384", "needs at least")):
+    @case(f"`resmlp train --set {_override}`")
+    def _(d: Path, override=_override, words=_words):
+        start = time.perf_counter()
+        ok, how = clean_cli_failure(*cli("train", "--output", str(d / "o"), *TRAIN_TINY, "--set", override), words)
+        return ok, f"{how} ({time.perf_counter() - start:.1f} s)"
+
+
+@case("`resmlp train --threads 100000`")
+def _(d: Path):
+    return clean_cli_failure(*cli("train", "--output", str(d / "o"), *TRAIN_TINY, "--threads", "100000"), "thread")
+
+
+@case("`resmlp benchmark --img-size 1000000`")
+def _(d: Path):
+    return clean_cli_failure(*cli("benchmark", "--models", "resmlp_s12", "--img-size", "1000000", "--threads", "1",
+                                  "--no-progress"), "img_size")
+
+
+@case("checkpoint whose config metadata is JSON nested 100000 deep")
+def _(d: Path):
+    return refused(lambda: read_checkpoint(tiny_checkpoint(d / "m.safetensors", config="[" * 100_000 + "]" * 100_000)))
+
+
+# ------------------------------------------------------------------------------------------ exhausted resources
+@case("torch CPU allocation failure: one line naming memory")
+def _(d: Path):
+    from resmlp.errors import user_message
+    try:
+        torch.empty(2**60, dtype=torch.uint8)
+    except RuntimeError as e:
+        message = user_message(e) or "no message (a traceback)"
+        return message.startswith("out of main memory"), message[:150]
+    return False, "allocated 1 EiB?"
+
+
+@case("disk full inside safetensors (SafetensorError) during a checkpoint write")
+def _(d: Path):
+    from safetensors import SafetensorError
+
+    from resmlp.errors import user_message
+    path = resmlp.save(tiny_model(), d / "m.safetensors")
+    before = path.read_bytes()
+
+    def full(tmp: Path) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    try:
+        atomic_write(path, full)
+    except OSError as e:
+        intact = path.read_bytes() == before and [p.name for p in d.iterdir()] == ["m.safetensors"]
+        return intact and e.errno == errno.ENOSPC, f"previous file intact; {user_message(e)}"
+    return False, "no error"
+
+
+# ------------------------------------------------------------------------------------------ writes outside the folder
+@case("`resmlp train` with a planted tensorboard/ symlink")
+def _(d: Path):
+    (d / "run").mkdir()
+    (d / "elsewhere").mkdir()
+    (d / "run" / "tensorboard").symlink_to(d / "elsewhere")
+    ok, how = clean_cli_failure(*cli("train", "--output", str(d / "run"), *TRAIN_TINY), "symlink")
+    return ok and not any((d / "elsewhere").iterdir()), how
+
+
+@case("`resmlp eval --output` into a folder a training holds")
+def _(d: Path):
+    ckpt = saved_with_preprocess(d / "m.safetensors")
+    with RunLock(d / "run"):
+        ok, how = clean_cli_failure(*cli("eval", str(ckpt), "--data", "synthetic", "--output", str(d / "run")),
+                                    "in use")
+    return ok and not (d / "run" / "summary.json").exists(), how
+
+
+@case("permissions of best/last.safetensors after `resmlp train` (umask 022)")
+def _(d: Path):
+    old = os.umask(0o022)
+    try:
+        rc, err = cli("train", "--output", str(d / "run"), *TRAIN_TINY)
+    finally:
+        os.umask(old)
+    modes = {n: oct(os.stat(d / "run" / n).st_mode & 0o777) for n in ("best.safetensors", "last.safetensors")
+             if (d / "run" / n).exists()}
+    return rc == 0 and set(modes.values()) == {"0o644"}, f"exit {rc}, {modes}"
+
+
+# ------------------------------------------------------------------------------------------ values that mean nothing
+for _temperature in ("0", "nan"):
+    @case(f"`resmlp eval-knn --temperature {_temperature}`")
+    def _(d: Path, temperature=_temperature):
+        ckpt = saved_with_preprocess(d / "m.safetensors")
+        return clean_cli_failure(*cli("eval-knn", str(ckpt), "--data", "synthetic", "--temperature", temperature),
+                                 "--temperature")
+
+
+@case("`resmlp analyze --threshold nan`")
+def _(d: Path):
+    return clean_cli_failure(*cli("analyze", str(resmlp.save(tiny_model(), d / "m.safetensors")), "--output",
+                                  str(d / "a"), "--threshold", "nan"), "threshold")
+
+
+def _gray(values: np.ndarray, path: Path, mode: str) -> np.ndarray:
+    import warnings
+    Image.fromarray(values, mode=mode).save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(open_image(path, in_chans=1)).astype(int)
+
+
+@case("float TIFF holding 0-255")
+def _(d: Path):
+    eight = np.tile(np.arange(0, 256, 16, dtype=np.uint8), (16, 1))
+    diff = int(np.abs(_gray(eight.astype(np.float32), d / "f.tif", "F") - eight).max())
+    return diff == 0, f"max difference {diff}/255 from the 8-bit version"
+
+
+@case("32-bit integer TIFF above 65535")
+def _(d: Path):
+    read = _gray(np.tile(np.arange(16, dtype=np.int32) * 1_000_000, (16, 1)), d / "i.tif", "I")
+    return len(np.unique(read)) == 16, f"{len(np.unique(read))} distinct gray levels of 16 after reading"
+
+
+@case("EXIF orientation 6 (a phone photo held upright)")
+def _(d: Path):
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(np.zeros((8, 16, 3), np.uint8)).save(d / "p.png", exif=exif)
+    size = open_image(d / "p.png").size
+    return size == (8, 16), f"read as {size[0]}x{size[1]} (stored 16x8)"
+
+
+for _dtype in ("float8_e4m3fn", "complex64", "bool"):
+    @case(f"checkpoint of {_dtype} tensors (NaN check, dtype)")
+    def _(d: Path, dtype=_dtype):
+        tensors = {k: v.to(getattr(torch, dtype)) for k, v in tiny_model().state_dict().items()}
+        if dtype.startswith("float8"):
+            tensors["head.weight"][0, 0] = float("nan")
+        save_file(tensors, str(d / "x.safetensors"), metadata={"config": json.dumps(tiny_model().config.to_dict())})
+        return refused(lambda: resmlp.load(d / "x.safetensors"))
+
+
+for _label, _content in (("corrupt gzip", b"\x1f\x8b\x08 not really gzip"),
+                         ("zero-dimension IDX header", None)):
+    @case(f"Fashion-MNIST folder with a {_label} (`resmlp eval-knn`)")
+    def _(d: Path, content=_content):
+        import gzip
+        data = d / "fm"
+        data.mkdir()
+        for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                     "t10k-labels-idx1-ubyte"):
+            (data / f"{name}.gz").write_bytes(content or gzip.compress(bytes([0, 0, 8, 0, 7])))
+        ckpt = resmlp.save(resmlp.create_model("resmlp_s12", img_size=28, patch_size=7, dim=8, depth=1, in_chans=1),
+                           d / "m.safetensors", metadata={"preprocess": {"img_size": 28, "in_chans": 1,
+                                                                        "mean": [0.5], "std": [0.25]}})
+        return clean_cli_failure(*cli("eval-knn", str(ckpt), "--data", "fashion-mnist", "--data-dir", str(data)),
+                                 "ubyte.gz")
+
+
+# ------------------------------------------------------------------------------------------ translation corpora
+def _corpus(root: Path, bad: dict[str, bytes]) -> Path:
+    root.mkdir()
+    for split, start in (("train", 0), ("valid", 60), ("test", 70)):
+        for lang in ("en", "fr"):
+            lines = "".join(f"{lang} {n} {n % 7}\n" for n in range(start, start + 10 if split != "train" else 60))
+            (root / f"{split}.{lang}").write_bytes(bad.get(f"{split}.{lang}", lines.encode()))
+    return root
+
+
+for _label, _bad, _words in (
+        ("invalid UTF-8", {"train.fr": b"un\n\xff\xfe deux\n" * 30}, "UTF-8"),
+        ("an empty line", {"valid.en": b"one\n\ntwo\n" + b"x\n" * 7}, "empty"),
+        ("mismatched line counts", {"test.fr": b"un\n" * 3}, "lines"),
+        ("a 10 MB line", {"train.en": b"word " * 2_000_000 + b"\n" + b"en 1 1\n" * 59}, "")):
+    @case(f"`resmlp translate train` on a corpus with {_label}")
+    def _(d: Path, bad=_bad, words=_words):
+        data = _corpus(d / "c", bad)
+        rc, err = cli("translate", "train", "--data", str(data), "--src-suffix", "en", "--tgt-suffix", "fr",
+                      "--preset", "tiny", "--vocab-size", "40", "--max-tokens", "256", "--max-steps", "2",
+                      "--eval-every", "2", "--beam", "1", "--threads", "1", "--output", str(d / "o"))
+        if words:
+            return clean_cli_failure(rc, err, words)
+        warned = [line for line in err.splitlines() if "truncat" in line]
+        return "Traceback" not in err and rc == 0 and bool(warned), f"exit {rc}: {(warned or ['no warning'])[0][:150]}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")

@@ -100,8 +100,9 @@ def _memory_message(exc: BaseException) -> str:
         size = f"{int(size.split()[0]) / 2**30:.1f} GiB"
     amount = f" (an allocation of {size} failed)" if size else ""
     where = "GPU memory" if gpu else "main memory"
-    return (f"out of {where}{amount}; lower the batch size (train.batch_size, or raise train.grad_accum), the "
-            "image size or the model size" + ("" if gpu else ", or the data workers (data.num_workers)"))
+    return (f"out of {where}{amount}; lower the batch size (--batch-size; in training, or raise "
+            "train.grad_accum), the image size or the model size"
+            + ("" if gpu else ", or the data workers (data.num_workers)"))
 
 
 def _os_message(exc: OSError) -> str:

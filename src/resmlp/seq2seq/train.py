@@ -150,13 +150,37 @@ def _optimizer_step(loss: torch.Tensor, model: nn.Module, opt, scaler, clip_norm
 
 # ---------------------------------------------------------------------------------------- saving
 def save_checkpoint(out: Path, model: nn.Module, opt, sched, scaler, step: int, epoch: int,
-                    seconds: float) -> None:
-    """Everything resume needs; a resumed run restarts the interrupted epoch's (shuffled) batch order."""
+                    seconds: float, batch_in_epoch: int = 0) -> None:
+    """Everything resume needs: a resumed run skips the `batch_in_epoch` batches of the interrupted epoch
+    already trained on and draws the same dropout masks (the random generator's state), so that in a single
+    process it ends with the weights of an uninterrupted run."""
+    device = next(model.parameters()).device
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "step": step, "epoch": epoch, "train_seconds": seconds, "model_config": model.config.to_dict()}
+             "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "train_seconds": seconds,
+             "model_config": model.config.to_dict(), "rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
     atomic_write(out / CHECKPOINT, lambda p: torch.save(state, p))
+
+
+def _restore_rng(ckpt: dict[str, Any], device: torch.device) -> None:
+    """The generator states of the checkpoint (absent in files of earlier versions: then left as they are)."""
+    if "rng" in ckpt:
+        torch.set_rng_state(ckpt["rng"])
+    if "cuda_rng" in ckpt and device.type == "cuda":
+        torch.cuda.set_rng_state(ckpt["cuda_rng"], device)
+
+
+def _drop_rows_after(log_path: Path, step: int) -> None:
+    """Rows a killed run logged after its last checkpoint: the resumed run logs those steps again."""
+    if not log_path.is_file():
+        return
+    lines = log_path.read_text().splitlines(keepends=True)
+    kept = lines[:1] + [line for line in lines[1:] if int(line.split(",", 1)[0]) <= step]
+    if len(kept) != len(lines):
+        atomic_write(log_path, lambda p: p.write_text("".join(kept)))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -290,7 +314,7 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     model = build_translation_model(mcfg).to(device)  # before the optimizer: its state lives on the device
     opt, sched = make_optimizer(model, cfg)
     scaler = grad_scaler(amp, device)
-    step, epoch, seconds = 0, 0, 0.0
+    step, epoch, seconds, skip = 0, 0, 0.0, 0
     if resume and (out / CHECKPOINT).is_file():
         ckpt = load_checkpoint(out / CHECKPOINT)
         model.load_state_dict(ckpt["model"])
@@ -299,6 +323,10 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
         if scaler is not None and "scaler" in ckpt:
             scaler.load_state_dict(ckpt["scaler"])
         step, epoch, seconds = ckpt["step"], ckpt["epoch"], ckpt["train_seconds"]
+        skip = ckpt.get("batch_in_epoch", 0)  # 0 in files of earlier versions: the epoch restarts
+        _restore_rng(ckpt, device)
+        if info.is_main:
+            _drop_rows_after(out / "log.csv", step)
     ddp_devices = [device.index] if device.type == "cuda" else None
     net = nn.parallel.DistributedDataParallel(model, device_ids=ddp_devices) if info.enabled else model
     loss_fn = nn.CrossEntropyLoss(ignore_index=0, label_smoothing=cfg.label_smoothing)
@@ -323,7 +351,9 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
             batches = token_batches([len(s) for s in src_ids], [len(t) for t in tgt_ids], cfg.max_tokens,
                                     seed=cfg.seed * 1000 + epoch)
             batches = batches[rank : len(batches) - len(batches) % world : world]  # equal count per rank
-            for batch in batches:
+            for position, batch in enumerate(batches):
+                if position < skip:  # trained on before the interruption
+                    continue
                 src, tgt_in, tgt_out = _on(device, *collate([src_ids[i] for i in batch],
                                                              [tgt_ids[i] for i in batch]))
                 with autocast(device, amp):
@@ -345,13 +375,13 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
                            "train_seconds": round(seconds, 1)}
                     if evaluate_now:
                         row["valid_loss"] = round(validation_loss(model, vsrc, vtgt, cfg.max_tokens, device, amp), 4)
-                        save_checkpoint(out, model, opt, sched, scaler, step, epoch, seconds)
+                        save_checkpoint(out, model, opt, sched, scaler, step, epoch, seconds, position + 1)
                     log(row)
                     bar.set_postfix(loss=row["train_loss"], valid=row["valid_loss"], refresh=False)
                     loss_sum, loss_n, tokens_seen, window_start = 0.0, 0, 0, time.time()
                 if stop:
                     break
-            epoch += 1
+            epoch, skip = epoch + 1, 0
     barrier(info)
     summary: dict[str, Any] = {}
     if info.is_main:

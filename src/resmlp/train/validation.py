@@ -1,7 +1,8 @@
 """Validation of a training config: each key's type (with YAML's coercions) and each value's meaning.
 
-`validate` turns the raw mapping of a recipe plus overrides into a `TrainConfig` or raises one ValueError that
-lists every problem, so a user fixes them all in one go.
+`validate` turns the raw mapping of a recipe plus overrides into a `TrainConfig` or raises one ConfigError (a
+ValueError) that lists every problem, so a user fixes them all in one go: types, ranges (each naming the key, the
+value, the allowed range and the value's source), the training memory against the machine's, and meanings.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
 # memory runs out, or a zero would fail deep inside the run. The model's sizes are bounded by ResMLPConfig itself.
 RANGES: dict[str, tuple[float, float]] = {
     "data.val_size": (0, 10_000_000), "data.synthetic_classes": (1, 100_000), "data.num_workers": (0, 256),
-    "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096), "data.crop_pct": (1e-3, 1),
+    "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
     "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1),
     "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
     "schedule.decay_rate": (0, 1),
