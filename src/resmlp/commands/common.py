@@ -78,5 +78,17 @@ def training_overrides(args: argparse.Namespace, extra: dict[str, Any] | None = 
     return {**given, **(extra or {}), **parse_overrides(args.overrides)}
 
 
+def pipe_console():
+    """A rich Console whose closed stdout pipe ends the command as every other does (cli.main: exit 141):
+    rich's own handling exits 1."""
+    from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return PipeConsole()
+
+
 def _dest(flag: str) -> str:
     return "flag_" + flag.lstrip("-").replace("-", "_")

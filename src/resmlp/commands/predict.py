@@ -106,10 +106,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from resmlp.commands.common import pipe_console
+
     if args.output is not None and args.output.suffix.lower() not in (".json", ".csv"):
         raise ValueError(f"--output must end in .json or .csv, got {args.output.name}")
     results, errors, pre = classify(args)
-    console = Console()
+    console = pipe_console()
     if pre.source == "defaults":
         console.print(f"[yellow]checkpoint has no preprocessing metadata: using the ImageNet preset defaults "
                       f"(ImageNet's mean/std, crop {pre.crop_pct}, {pre.interpolation}: timm's)[/yellow]")

@@ -4,8 +4,8 @@ One trunk covers the paper's models, every ablation of its Table 3 and Appendix 
 (an MLP cross-patch sublayer, LayerNorm and no LayerScale; see `resmlp.models.mixer`).
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations` here: FX writes a traced forward's string annotations as unknown type
+# names (`_torch_Tensor_`), which TorchScript then refuses (timm's test_model_forward_fx_torchscript)
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,14 +102,14 @@ class ResMLPConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> ResMLPConfig:
+    def from_dict(cls, values: dict[str, Any]) -> "ResMLPConfig":
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown model option(s) {unknown}; valid options: {', '.join(sorted(known))}")
         return cls(**values)
 
-    def replace(self, **overrides: Any) -> ResMLPConfig:
+    def replace(self, **overrides: Any) -> "ResMLPConfig":
         return ResMLPConfig.from_dict({**self.to_dict(), **overrides})
 
 
@@ -136,7 +136,9 @@ class ResMLPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.fused_train and self.fusable_design and self.training and torch.is_grad_enabled()
-                and not torch.jit.is_scripting()):
+                and not torch.jit.is_scripting() and not is_fx_symbolic_tracing()):
+            # FX graphs (timm's and torchvision's feature extraction, quantisation) record the plain block:
+            # the same result, in ops FX, TorchScript and graph rewriters understand
             return self._fused_forward(x)
         if self.cross_patch is not None:
             x = x + self.drop_path(self.cross_patch_scale(self.cross_patch(self.cross_patch_norm(x))))
