@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from resmlp.commands.common import add_training_arguments, training_overrides
+from resmlp.commands.common import add_training_arguments, recipe_for, training_overrides
 
 
 def _freeze(value: str) -> int | str:
@@ -35,7 +35,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     if args.flag_model or args.input_size:
         raise ValueError("finetune takes its model from CHECKPOINT: drop --model / --input-size (use --img-size "
                          "for a new resolution)")
-    summary = finetune(args.checkpoint, args.recipe, args.output, training_overrides(args), args.img_size,
+    summary = finetune(args.checkpoint, recipe_for(args), args.output, training_overrides(args), args.img_size,
                        args.freeze, args.layer_decay, args.resume)
     print_summary(summary, args.output)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from resmlp.commands.common import add_output_argument, add_threads_argument
+from resmlp.commands.common import add_output_argument, add_threads_argument, amp_value
 from resmlp.commands.train import DATA_KINDS
 
 
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_threads_argument(p)
         p.add_argument("--batch-size", type=int, default=256)
         p.add_argument("--device", default="auto")
-        p.add_argument("--amp", choices=("auto", "bf16", "none"), default="auto",
+        p.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp32}",
                        help="features' precision: auto = bf16 where the hardware has it (as `resmlp eval`), else fp32")
         if method == "knn":
             p.add_argument("--k", type=int, default=20, help="neighbours (default 20)")

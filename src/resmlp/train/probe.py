@@ -93,7 +93,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     features = optimize_features(model, precision).to(torch_device)
     start = time.perf_counter()
     split_features = []
-    for split in ("train", heldout_split(data)):
+    for split in ("train", heldout_split(data, data_dir)):
         dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
         # in-memory images already at the model's size are preprocessed in whole batches (exact, and ~10x faster
         # than the per-image PIL transform that dominated eval-knn's time)
