@@ -8,7 +8,8 @@ import json
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list presets and Table 3 ablation rows with params and GMACs")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table for reading, json for scripts (default table)")
     p.set_defaults(run=run)
 
 

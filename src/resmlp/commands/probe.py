@@ -20,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
         add_output_argument(p, help="folder for summary.json")
         add_threads_argument(p)
-        p.add_argument("--batch-size", type=int, default=256)
-        p.add_argument("--device", default="auto")
+        p.add_argument("--batch-size", type=int, default=256, metavar="N", help="images per batch (default 256)")
+        p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
         p.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp32}",
                        help="features' precision: auto = bf16 where the hardware has it (as `resmlp eval`), else fp32")
         if method == "knn":
