@@ -46,10 +46,13 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def add_training_arguments(parser: argparse.ArgumentParser, default_recipe: str) -> None:
-    """The flags every training command takes, then --set (which wins over them)."""
+def add_training_arguments(parser: argparse.ArgumentParser, default_recipe: str, recipe_prefix: str = "",
+                           without: tuple[str, ...] = ()) -> None:
+    """The flags every training command takes (less those in `without`, which the command does not accept),
+    then --set (which wins over them). recipe_prefix: the help lists only the recipes named so (e.g. dino)."""
+    recipes = [name for name in recipe_names() if name.startswith(recipe_prefix)]
     parser.add_argument("--recipe", default=None,
-                        help=f"recipe name ({', '.join(recipe_names())}) or a YAML file (default: {default_recipe}; "
+                        help=f"recipe name ({', '.join(recipes)}) or a YAML file (default: {default_recipe}; "
                              "with --resume: the run's own config.json)")
     parser.set_defaults(default_recipe=default_recipe)
     add_output_argument(parser, required=True, help="run folder: checkpoints, metrics, plots, summary.json")
@@ -57,10 +60,13 @@ def add_training_arguments(parser: argparse.ArgumentParser, default_recipe: str)
                         help="continue OUTPUT/last.pth (or the given state file) where it stopped, with the recipe "
                              "and overrides of OUTPUT/config.json; flags given again must agree (or be a change a "
                              "resume allows, e.g. --epochs to extend it)")
-    parser.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"),
-                        help="model input channels and size (= model.in_chans, model.img_size; H must equal W)")
+    if "--input-size" not in without:
+        parser.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"),
+                            help="model input channels and size (= model.in_chans, model.img_size; H must equal W)")
     group = parser.add_argument_group("training options (each sets one recipe key; --set overrides them)")
     for flag, (key, kwargs) in TRAINING_FLAGS.items():
+        if flag in without:
+            continue
         group.add_argument(flag, dest=_dest(flag), **{**_metavar(flag, kwargs), "help": f"{kwargs['help']} (= {key})"})
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any recipe key, value parsed as YAML (repeatable), e.g. --set optim.lr=1e-3")
@@ -97,8 +103,8 @@ def training_overrides(args: argparse.Namespace, extra: dict[str, Any] | None = 
     """{config key: value} from the training flags given, then `extra`, then --set (last wins)."""
     from resmlp.train.config import parse_overrides
 
-    flags = {key: getattr(args, _dest(flag)) for flag, (key, _) in TRAINING_FLAGS.items()}
-    if args.input_size is not None:
+    flags = {key: getattr(args, _dest(flag), None) for flag, (key, _) in TRAINING_FLAGS.items()}
+    if getattr(args, "input_size", None) is not None:
         chans, height, width = args.input_size
         if height != width:
             raise ValueError(f"--input-size {chans} {height} {width}: ResMLP and Mixer take square images (H = W)")

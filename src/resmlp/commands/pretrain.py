@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = methods.add_parser("dino", help="DINO: student/EMA-teacher self-distillation with multi-crop",
                            description="DINO pre-training; writes OUTPUT/summary.json with knn_top1 and the "
                                        "teacher backbone as OUTPUT/best.safetensors.")
-    add_training_arguments(d, "dino-fashion-mnist")
+    # DINO's teacher is its own EMA of the student: the trainer's weight EMA (--model-ema) is refused
+    add_training_arguments(d, "dino-fashion-mnist", recipe_prefix="dino", without=("--model-ema",))
     d.set_defaults(run=run_dino)
 
 
