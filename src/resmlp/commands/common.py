@@ -43,6 +43,8 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--threads": ("train.threads", dict(type=int, metavar="N",
                                         help="compute threads per process (default: the usable cores / processes)")),
     "--data-dir": ("data.dir", dict(metavar="DIR", help="dataset folder")),
+    "--no-progress": ("train.progress", dict(action="store_false", default=None,
+                                             help="no progress bars (per-epoch lines only)")),
 }
 
 
@@ -92,6 +94,10 @@ def recipe_names() -> list[str]:
 def add_output_argument(parser: argparse.ArgumentParser, required: bool = False, help: str = "output folder") -> None:
     """--output (and its alias --out) for every command that writes files."""
     parser.add_argument("--output", "--out", dest="output", required=required, help=help)
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:

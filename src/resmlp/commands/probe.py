@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from resmlp.commands.common import add_output_argument, add_threads_argument, amp_value
+from resmlp.commands.common import add_output_argument, add_progress_argument, add_threads_argument, amp_value
 from resmlp.commands.train import DATA_KINDS
 
 
@@ -20,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
         add_output_argument(p, help="folder for summary.json")
         add_threads_argument(p)
+        add_progress_argument(p)
         p.add_argument("--batch-size", type=int, default=256, metavar="N", help="images per batch (default 256)")
         p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
         p.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp32}",
@@ -37,6 +38,7 @@ def run_probe(args: argparse.Namespace) -> int:
     extra = dict(k=args.k, temperature=args.temperature) if args.method == "knn" else {}
     with process_settings(args.threads):
         summary = frozen_feature_eval(args.checkpoint, args.method, args.data, args.data_dir, args.output,
-                                      args.batch_size, device=args.device, progress=True, amp=args.amp, **extra)
+                                      args.batch_size, device=args.device, progress=args.progress, amp=args.amp,
+                                      **extra)
     print(json.dumps(summary))
     return 0

@@ -7,6 +7,7 @@ import json
 
 from resmlp.commands.common import (
     add_output_argument,
+    add_progress_argument,
     add_threads_argument,
     add_training_arguments,
     amp_value,
@@ -47,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp16,fp32}",
                    help="precision: auto = bf16 where the hardware has it, else fp32 (default auto)")
     add_output_argument(e, help="folder for summary.json and confusion_matrix.png")
+    add_progress_argument(e)
     e.add_argument("--batch-size", type=int, default=256, metavar="N", help="images per batch (default 256)")
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add_threads_argument(e)
@@ -88,7 +90,7 @@ def run_eval(args: argparse.Namespace) -> int:
     with process_settings(args.threads):
         summary = evaluate(args.checkpoint, data=args.data, data_dir=args.data_dir, split=args.split,
                            output=args.output, batch_size=args.batch_size, device=args.device, amp=args.amp,
-                           progress=True)
+                           progress=args.progress)
     width = max(len(name) for name in summary["per_class_top1"])
     print(f"{summary['checkpoint']} on {summary['dataset']} ({summary['split']}, {summary['images']} images)")
     for name, acc in summary["per_class_top1"].items():

@@ -102,7 +102,9 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
         if progress:
             from tqdm.auto import tqdm
 
-            loader = tqdm(loader, desc=f"features {split}", unit="batch", dynamic_ncols=True)
+            # the batched form is a generator: the total (and so the ETA) comes from the split's size
+            loader = tqdm(loader, desc=f"features {split}", unit="batch", dynamic_ncols=True,
+                          total=-(-len(dataset) // batch_size))
         split_features += extract_features(features, loader, torch_device)
     if method == "knn":
         key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)
