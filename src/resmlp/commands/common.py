@@ -132,16 +132,16 @@ def run_data_flags(output: str | Path, training: bool = False) -> str:
     return shlex.join(["--data", kind] + (["--data-dir", str(folder)] if folder else []))
 
 
-def pipe_console():
-    """A rich Console whose closed stdout pipe ends the command as every other does (cli.main: exit 141):
-    rich's own handling exits 1."""
+def pipe_console(**kwargs: Any):
+    """A rich Console (`kwargs` its options) whose closed stdout pipe ends the command as every other does
+    (cli.main: exit 141): rich's own handling exits 1."""
     from rich.console import Console
 
     class PipeConsole(Console):
         def on_broken_pipe(self) -> None:
             raise BrokenPipeError
 
-    return PipeConsole()
+    return PipeConsole(**kwargs)
 
 
 def _metavar(flag: str, kwargs: dict[str, Any]) -> dict[str, Any]:
