@@ -76,9 +76,10 @@ def test_resmlp_debug_shows_the_traceback(tmp_path, monkeypatch):
         main(["train", "--output", str(tmp_path / "run"), "--set", "model.dim=[1,"])
 
 
-def test_a_reader_that_goes_away_ends_the_command_quietly():
+@pytest.mark.parametrize("fmt", ["json", "table"])  # print() and rich's Console (which alone would exit 1)
+def test_a_reader_that_goes_away_ends_the_command_quietly(fmt):
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "resmlp", "models", "--format", "json"],
+    proc = subprocess.Popen([sys.executable, "-m", "resmlp", "models", "--format", fmt],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     proc.stdout.close()  # before the command has written anything: its first write meets a closed pipe
     _, err = proc.communicate(timeout=120)

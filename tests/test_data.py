@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import pickle
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,32 @@ def test_folder_skips_corrupt_images_and_counts_them(tmp_path):
     with pytest.warns(UserWarning, match="skipping unreadable image"):
         images, targets, skipped = collate_skipping([ds[i] for i in range(len(ds))])
     assert skipped == 2 and images.shape == (5, 3, 16, 16) and sorted(targets.tolist()) == [0, 0, 0, 1, 1]
+
+
+def test_randaugment_top_magnitude_trains_on_healthy_images(tmp_path):
+    # the 'inc1' posterize at magnitude 10 keeps 0 bits, which Pillow 13 refuses; the image must still be
+    # augmented (black, as older Pillow made it) and trained on, not skipped as unreadable
+    make_folder(tmp_path, {"cat": 2, "dog": 2})
+    pre = Preprocess(16, 3, (0.5,) * 3, (0.25,) * 3, crop_pct=1.0)
+    transform = pre.train_transform(auto_augment="rand-m10-n4-mstd0-inc1")
+    posterize = [op for op in transform.transforms[2].ops if op.name == "PosterizeIncreasing"]
+    assert posterize and all(np.asarray(op.aug_fn(Image.new("RGB", (4, 4), (200, 90, 7)), 0)).max() == 0
+                             for op in posterize)
+    ds = SeededDataset(SkippingImageFolder(tmp_path, transform=transform))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "skipping unreadable image"
+        samples = [ds[(0, 0, position, position % 4)] for position in range(40)]
+    assert all(sample is not None and sample[0].shape == (3, 16, 16) for sample in samples)
+
+
+def test_folder_raises_a_transform_failure_instead_of_skipping_the_image(tmp_path):
+    make_folder(tmp_path, {"cat": 1})
+
+    def broken(_image):
+        raise ValueError("bits must be between or equal to 1 and 8")
+
+    with pytest.raises(RuntimeError, match="transform failed on the readable image .*0.png.*bits must be"):
+        SkippingImageFolder(tmp_path, transform=broken)[0]
 
 
 def test_folder_errors_before_training(tmp_path):

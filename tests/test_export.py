@@ -65,3 +65,22 @@ def test_export_cli_takes_a_run_folder_and_refuses_a_timm_model_in_one_line(mode
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "ResMLP and" in err and "Mixer checkpoints only" in err
     assert not (tmp_path / "r.onnx").exists()
+
+
+def test_export_cli_takes_the_format_from_the_extension_and_writes_preprocessing_into_onnx(model, tmp_path, capsys):
+    import json
+
+    names = [f"class {i}" for i in range(10)]
+    preprocess = dict(img_size=32, in_chans=3, mean=[0.4, 0.5, 0.6], std=[0.2, 0.25, 0.3], crop_pct=0.9,
+                      interpolation="bilinear")
+    ckpt = resmlp.save(model, tmp_path / "m.safetensors", {"class_names": names, "preprocess": preprocess})
+    assert main(["export", str(ckpt), "--output", str(tmp_path / "m.pt")]) == 0  # no --format: TorchScript
+    assert torch.jit.load(str(tmp_path / "m.pt"))(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+    assert main(["export", str(ckpt), "--output", str(tmp_path / "m.onnx")]) == 0
+    meta = ort.InferenceSession(str(tmp_path / "m.onnx")).get_modelmeta().custom_metadata_map
+    assert json.loads(meta["class_names"]) == names and json.loads(meta["mean"]) == pytest.approx([0.4, 0.5, 0.6])
+    assert json.loads(meta["std"]) == pytest.approx([0.2, 0.25, 0.3]) and float(meta["crop_pct"]) == 0.9
+    assert meta["interpolation"] == "bilinear" and meta["img_size"] == "32"
+    capsys.readouterr()
+    assert main(["export", str(ckpt), "--output", str(tmp_path / "m.bin")]) == 2
+    assert "cannot tell the export format from 'm.bin'" in capsys.readouterr().err

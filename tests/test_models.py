@@ -106,7 +106,9 @@ def test_bf16_autocast_accepts_float_input(tiny_config):
         (dict(cross_patch="attention"), "cross_patch='attention' is not one of"),
         (dict(norm="group"), "norm='group'"),
         (dict(img_size=30), "not a multiple of patch_size"),
-        (dict(depht=3), "unknown model option"),
+        (dict(depht=3), "unknown model option 'depht' \\(did you mean 'depth'\\?\\)"),
+        (dict(dimm=8), "did you mean 'dim'"),
+        (dict(zzz=8), r"unknown model option\(s\) \['zzz'\]; valid options: act,"),
         (dict(drop_path_rate=1.5), "drop_path_rate"),
     ],
 )

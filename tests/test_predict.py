@@ -118,3 +118,20 @@ def test_a_timm_model_saved_by_resmlp_predicts(tmp_path, capsys):
     assert "1 image(s) classified" in out and "#4" not in out  # top-k capped at the 3 classes
     assert main(["predict", str(tmp_path / "cnn.safetensors"), str(tmp_path / "x.png"), "--precision", "int8"]) == 2
     assert "use --precision fp32" in capsys.readouterr().err
+
+
+def test_table_keeps_what_tells_files_apart_and_an_error_comes_alone(setup, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    _, ckpt, _, _ = setup
+    deep = tmp_path / ("a_folder_with_a_long_name_" * 3) / "photos"
+    deep.mkdir(parents=True)
+    for i in range(2):
+        Image.new("L", (32, 32), 60 * i).save(deep / f"holiday_{i:04d}.png")
+    assert main(["predict", str(ckpt), str(deep), "--top-k", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "holiday_0000.png" in out and "holiday_0001.png" in out  # whole, not cut to a shared prefix
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["predict", str(ckpt), str(deep), "--output", str(blocker / "pred.json")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1

@@ -59,3 +59,24 @@ def test_feature_precision_is_the_one_asked_for_and_fp32_matches_the_plain_model
                  "--output", str(tmp_path / "out")]) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["precision"] == "fp32" and summary["host"]["cpu_capability"]
+
+
+def test_knn_progress_has_a_total_and_no_progress_silences_it(tmp_path, capsys):
+    import re
+
+    from resmlp.cli import build_parser
+    from resmlp.commands.common import training_overrides
+
+    torch.manual_seed(0)
+    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=0, dim=16, depth=1)
+    meta = {"preprocess": {"img_size": 16, "crop_pct": 1.0, "interpolation": "bicubic", "mean": [0.5],
+                           "std": [0.25], "in_chans": 1}}
+    ckpt = str(resmlp.save(model, tmp_path / "m.safetensors", meta))
+    assert main(["eval-knn", ckpt, "--data", "synthetic", "--batch-size", "100"]) == 0
+    err = capsys.readouterr().err
+    # synthetic: 256 train and 64 test images -> 3 and 1 batches of 100, each bar with its total (and so an ETA)
+    assert re.search(r"features train: 100%.*\b3/3\b", err) and re.search(r"features test: 100%.*\b1/1\b", err)
+    assert main(["eval-knn", ckpt, "--data", "synthetic", "--no-progress"]) == 0
+    assert "features" not in capsys.readouterr().err
+    args = build_parser().parse_args(["train", "--output", "x", "--no-progress"])
+    assert training_overrides(args) == {"train.progress": False}

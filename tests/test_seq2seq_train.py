@@ -163,3 +163,13 @@ def test_a_beam_outside_1_to_64_is_one_line_and_exit_2(trained, capsys, action):
         assert main(["translate", action, str(out), "--beam", beam]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "from 1 to 64" in err
+
+
+def test_the_final_test_decoding_shows_progress_like_training(corpus, tmp_path, capsys):
+    import dataclasses
+
+    train_translation(dataclasses.replace(_tiny_config(corpus, tmp_path / "run"), progress=True))
+    err = capsys.readouterr().err
+    assert "train:" in err and "translate: 100%" in err  # the 20 test sentences decoded under a bar
+    train_translation(_tiny_config(corpus, tmp_path / "quiet"))
+    assert "translate" not in capsys.readouterr().err

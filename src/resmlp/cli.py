@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
+from pathlib import Path
 
 import resmlp
 from resmlp.errors import user_message
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if debug:
             raise
-        print(f"resmlp {args.command}: interrupted", file=sys.stderr)
+        print(f"resmlp {args.command}: interrupted{_resume_hint(args)}", file=sys.stderr)
         return 130
     except Exception as e:
         message = None if debug else user_message(e)
@@ -65,6 +67,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"resmlp {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """How to continue an interrupted training command ("" for the others, or before its first state file)."""
+    if not hasattr(args, "default_recipe") or not (Path(args.output) / "last.pth").is_file():
+        return ""
+    words = ["resmlp", args.command, *([args.method] if args.command == "pretrain" else []),
+             *([args.checkpoint] if args.command == "finetune" else []), "--output", str(args.output), "--resume"]
+    return f"; continue it with: {shlex.join(words)}"
 
 
 if __name__ == "__main__":

@@ -119,6 +119,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
 
     checkpoint = resolve_checkpoint(checkpoint)
     loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
+    if data is None and data_dir is None:
+        data, data_dir = _run_data(checkpoint)
     data = data or loaded.dataset
     if data is None:
         raise ValueError(f"{checkpoint} does not say which dataset it was trained on; pass --data KIND or a folder")
@@ -126,7 +128,7 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
         if not Path(data).is_dir():
             raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
         data, data_dir = "folder", data
-    split = split or heldout_split(data)
+    split = split or heldout_split(data, data_dir)
     pre = loaded.preprocess
     dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
     names = dataset.class_names
@@ -147,12 +149,16 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     if progress:
         from tqdm.auto import tqdm
 
-        batches = tqdm(batches, desc=f"eval {data} {split}", unit="batch", dynamic_ncols=True)
+        batches = tqdm(batches, desc=f"eval {data} {split}", unit="batch", dynamic_ncols=True,
+                       total=-(-len(dataset) // batch_size))  # a generator has no len: the ETA needs the total
     result = classify(loaded.model.to(torch_device), batches, len(names), torch_device, precision)
     confusion = result.pop("confusion")
     per_class = {name: round(100.0 * confusion[i, i] / max(confusion[i].sum(), 1), 2)
                  for i, name in enumerate(names)}
-    summary = dict(test_top1=result["top1"], test_top5=result["top5"], epochs=loaded.metadata.get("epoch"),
+    # keys named by the split scored (test_top1 as a training run's summary, val_top1...), and top1/top5 whatever it is
+    summary = dict(top1=result["top1"], top5=result["top5"], **{f"{split}_top1": result["top1"],
+                                                                  f"{split}_top5": result["top5"]},
+                   epochs=loaded.metadata.get("epoch"),
                    wall_seconds=round(time.perf_counter() - start, 1), checkpoint=str(checkpoint.resolve()),
                    loss=result["loss"], images=result["images"], skipped_images=result["skipped"],
                    dataset=data, split=split, per_class_top1=per_class, precision=precision_name(precision),
@@ -164,3 +170,13 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     if output is not None:
         reporting.write_json(Path(output) / "summary.json", summary)
     return summary
+
+
+def _run_data(checkpoint: Path) -> tuple[str | None, str | None]:
+    """(kind, folder) of the run whose config.json sits next to `checkpoint` (a run's image folder or custom
+    dataset location is in its config, not in the checkpoint); (None, None) for a checkpoint outside a run."""
+    import json
+
+    config = checkpoint.parent / "config.json"
+    data = json.loads(config.read_text()).get("data", {}) if config.is_file() else {}
+    return data.get("kind"), data.get("dir")

@@ -6,6 +6,7 @@ layout), so other runtimes get the same single-product cross-patch layer as PyTo
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -14,9 +15,33 @@ import torch
 from resmlp.fileio import atomic_write
 from resmlp.inference import optimize
 from resmlp.models.resmlp import ResMLP
+from resmlp.preprocess import Preprocess
 
 FORMATS = ("onnx", "torchscript")
 ONNX_OPSET = 18
+# a file's extension -> its format, for export(format=None)
+EXTENSIONS = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", ".ts": "torchscript",
+              ".torchscript": "torchscript"}
+
+
+def format_of(path: str | Path) -> str:
+    """The export format a file name asks for: .onnx -> onnx, .pt/.pth/.ts/.torchscript -> torchscript."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in EXTENSIONS:
+        raise ValueError(f"cannot tell the export format from {Path(path).name!r}: name the file *.onnx or *.pt, "
+                         f"or pass --format {'|'.join(FORMATS)}")
+    return EXTENSIONS[suffix]
+
+
+def preprocessing_metadata(preprocess: Preprocess, class_names: list[str] | None) -> dict[str, str]:
+    """What a runtime needs beside the graph to feed it and read it (ONNX metadata_props: strings; lists
+    as JSON): class names, input size, mean/std, centre-crop fraction and resize interpolation."""
+    meta = {"img_size": str(preprocess.img_size), "in_chans": str(preprocess.in_chans),
+            "mean": json.dumps(list(preprocess.mean)), "std": json.dumps(list(preprocess.std)),
+            "crop_pct": str(preprocess.crop_pct), "interpolation": preprocess.interpolation}
+    if class_names is not None:
+        meta["class_names"] = json.dumps(list(class_names))
+    return meta
 
 
 def _example_input(model: ResMLP, batch: int = 2) -> torch.Tensor:
@@ -24,8 +49,9 @@ def _example_input(model: ResMLP, batch: int = 2) -> torch.Tensor:
     return torch.randn(batch, cfg.in_chans, cfg.img_size, cfg.img_size)
 
 
-def export_onnx(model: ResMLP, path: str | Path) -> Path:
-    """Write an ONNX graph with input 'images' (batch, C, H, W) -> 'logits' (batch, classes), batch dynamic."""
+def export_onnx(model: ResMLP, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    """Write an ONNX graph with input 'images' (batch, C, H, W) -> 'logits' (batch, classes), batch dynamic;
+    `metadata` goes into the model's metadata_props (onnxruntime: session.get_modelmeta().custom_metadata_map)."""
     fast = optimize(model.cpu(), "fp32")
     example = _example_input(model)
 
@@ -39,6 +65,12 @@ def export_onnx(model: ResMLP, path: str | Path) -> Path:
                 dynamic_shapes={"x": {0: batch}}, opset_version=ONNX_OPSET, verbose=False,
             )
         program.save(str(tmp))
+        if metadata:
+            import onnx
+
+            proto = onnx.load(str(tmp))
+            onnx.helper.set_model_props(proto, metadata)
+            onnx.save(proto, str(tmp))
 
     return atomic_write(path, write)
 
@@ -57,10 +89,13 @@ def export_torchscript(model: ResMLP, path: str | Path) -> Path:
     return atomic_write(path, write)
 
 
-def export(model: ResMLP, path: str | Path, format: str = "onnx") -> Path:
-    """Export `model` in `format` ('onnx' or 'torchscript') to `path`."""
+def export(model: ResMLP, path: str | Path, format: str | None = None,
+           metadata: dict[str, str] | None = None) -> Path:
+    """Export `model` in `format` ('onnx' or 'torchscript'; None: from the extension of `path`) to `path`;
+    `metadata` (e.g. preprocessing_metadata(...)) is written into an ONNX file."""
+    format = format or format_of(path)
     if format == "onnx":
-        return export_onnx(model, path)
+        return export_onnx(model, path, metadata)
     if format == "torchscript":
         return export_torchscript(model, path)
     raise ValueError(f"unknown export format {format!r}; choose one of {', '.join(FORMATS)}")

@@ -103,9 +103,12 @@ class CrossPatchMlp(Mlp):
     """Token-mixing MLP N -> hidden -> N applied to every channel (Table 3 'linear -> MLP', Mixer)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # timm's Mlp.forward spelled out: TorchScript can't compile super() calls
+        # timm's Mlp.forward spelled out (TorchScript can't compile super() calls), without its `norm`: built
+        # with no norm_layer it is an Identity, and calling it would give an FX node 'cross_patch.norm' that
+        # torchvision's feature extractor, which compares node names as regular expressions, confuses with the
+        # block's 'cross_patch_norm' (a ValueError while tracing)
         x = self.drop1(self.act(self.fc1(x.transpose(1, 2))))
-        return self.drop2(self.fc2(self.norm(x))).transpose(1, 2)
+        return self.drop2(self.fc2(x)).transpose(1, 2)
 
 
 class CrossPatchConv(nn.Module):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from PIL import ImageOps
 from timm.data import DEFAULT_CROP_PCT, create_transform
 
 from resmlp.data import dataset_stats
@@ -104,10 +105,11 @@ class Preprocess:
                         auto_augment: str | None = None, reprob: float = 0.0):
         """timm's training transform (random-resized crop, flip, RandAugment, erasing) ending in this
         preprocessing's normalisation."""
-        return create_transform(
+        transform = create_transform(
             (self.in_chans, self.img_size, self.img_size), is_training=True, scale=tuple(scale), ratio=tuple(ratio),
             hflip=hflip, color_jitter=color_jitter, auto_augment=auto_augment, interpolation=self.interpolation,
             mean=self.mean, std=self.std, re_prob=reprob, re_mode="pixel", re_count=1)
+        return _with_zero_bit_posterize(transform)
 
     def batched_eval(self, image_height: int, image_width: int, after=None) -> BatchAugment | None:
         """The evaluation transform for whole uint8 batches of HxW images, where it is exact: no resize and no
@@ -125,3 +127,23 @@ class Preprocess:
         that load many); DataError (a ValueError) naming the file if it can't be read or is too large
         (resmlp.data.images.open_image)."""
         return (transform or self.eval_transform())(open_image(path, self.in_chans))
+
+
+def _posterize(img, bits_to_keep: int, **_):
+    """timm's posterize, keeping 0 bits as Pillow < 13 did (a black image): the top magnitude of RandAugment's
+    'inc1' posterize asks for 0 bits, which Pillow 13's ImageOps.posterize refuses with a ValueError."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return img.point(lambda _: 0)
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _with_zero_bit_posterize(transform):
+    """`transform` with the posterize ops of its RandAugment/AutoAugment (timm's AugmentOp) using `_posterize`."""
+    for step in getattr(transform, "transforms", ()):
+        policy = getattr(step, "ops", None) or [op for sub in getattr(step, "policy", ()) for op in sub]
+        for op in policy:
+            if getattr(op, "name", "").startswith("Posterize"):
+                op.aug_fn = _posterize
+    return transform

@@ -456,7 +456,7 @@ def measure_accuracies(specs: list[ModelSpec], data: str, data_dir: str | None, 
                          ".safetensors/.pth file, or give known accuracies with --accuracy")
     # in fp32 as the table's speeds are (amp 'auto' would pick bf16 on this kind of CPU and move near-ties)
     return {s.label: evaluate(s.name, data=data, data_dir=data_dir, device=device, amp="none",
-                              plot=False)["test_top1"] for s in files}
+                              plot=False)["top1"] for s in files}
 
 
 def parse_accuracies(text: str) -> dict[str, float]:

@@ -8,6 +8,9 @@ This module imports nothing heavy: `resmlp --help` must not load torch.
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+from pathlib import Path
 from typing import Any
 
 MAX_THREADS = 4096  # the same bound as train.threads (resmlp.train.validation.RANGES)
@@ -24,40 +27,74 @@ def thread_count(text: str) -> int:
 thread_count.__name__ = f"thread count (1 to {MAX_THREADS})"  # argparse names the type in its message
 
 
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+def amp_value(name: str) -> str:
+    """A precision flag's value (auto, bf16, fp16, fp32) as the runtime and recipes name it: fp32 is train.amp's
+    `none`, which the flags still accept."""
+    if name not in (*PRECISIONS, "none"):
+        raise argparse.ArgumentTypeError(f"invalid precision {name!r}: choose one of {', '.join(PRECISIONS)}")
+    return "none" if name == "fp32" else name
+
+
 # flag -> (config key, argparse keywords); the value given on the command line becomes that key's override
 TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--model": ("model.name", dict(metavar="MODEL", help="preset, timm:NAME, torchvision:NAME or a checkpoint file")),
     "--batch-size": ("train.batch_size", dict(type=int, metavar="N", help="global batch (all processes)")),
     "--epochs": ("schedule.epochs", dict(type=int, metavar="N", help="epochs (with --resume: extend a run)")),
+    "--warmup-epochs": ("schedule.warmup_epochs", dict(type=float, metavar="N",
+                                                       help="epochs of linear learning-rate warm-up")),
     "--lr": ("optim.lr", dict(type=float, help="learning rate (for optim.reference_batch when the recipe sets it)")),
     "--opt": ("optim.name", dict(choices=("lamb", "adamw", "sgd"), help="optimizer")),
     "--weight-decay": ("optim.weight_decay", dict(type=float, metavar="WD", help="weight decay")),
     "--drop-path": ("model.drop_path_rate", dict(type=float, metavar="RATE", help="stochastic depth rate")),
     "--model-ema": ("train.ema", dict(action="store_true", default=None, help="evaluate and save a weight EMA")),
-    "--amp": ("train.amp", dict(choices=("auto", "bf16", "fp16", "none"),
+    "--amp": ("train.amp", dict(type=amp_value, metavar="{auto,bf16,fp16,fp32}",
                                 help="precision: auto = bf16 where the hardware has it, else fp32")),
     "--device": ("train.device", dict(help="auto, cpu, cuda or cuda:N")),
     "--workers": ("data.num_workers", dict(type=int, metavar="N", help="data loader worker processes")),
     "--threads": ("train.threads", dict(type=thread_count, metavar="N",
                                         help="compute threads per process (default: the usable cores / processes)")),
     "--data-dir": ("data.dir", dict(metavar="DIR", help="dataset folder")),
+    "--no-progress": ("train.progress", dict(action="store_false", default=None,
+                                             help="no progress bars (per-epoch lines only)")),
 }
 
 
-def add_training_arguments(parser: argparse.ArgumentParser, default_recipe: str) -> None:
-    """The flags every training command takes, then --set (which wins over them)."""
-    parser.add_argument("--recipe", default=default_recipe,
-                        help=f"recipe name ({', '.join(recipe_names())}) or a YAML file (default: {default_recipe})")
+def add_training_arguments(parser: argparse.ArgumentParser, default_recipe: str, recipe_prefix: str = "",
+                           without: tuple[str, ...] = ()) -> None:
+    """The flags every training command takes (less those in `without`, which the command does not accept),
+    then --set (which wins over them). recipe_prefix: the help lists only the recipes named so (e.g. dino)."""
+    recipes = [name for name in recipe_names() if name.startswith(recipe_prefix)]
+    parser.add_argument("--recipe", default=None,
+                        help=f"recipe name ({', '.join(recipes)}) or a YAML file (default: {default_recipe}; "
+                             "with --resume: the run's own config.json)")
+    parser.set_defaults(default_recipe=default_recipe)
     add_output_argument(parser, required=True, help="run folder: checkpoints, metrics, plots, summary.json")
     parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="STATE",
-                        help="continue OUTPUT/last.pth (or the given state file) where it stopped")
-    parser.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"),
-                        help="model input channels and size (= model.in_chans, model.img_size; H must equal W)")
+                        help="continue OUTPUT/last.pth (or the given state file) where it stopped, with the recipe "
+                             "and overrides of OUTPUT/config.json; flags given again must agree (or be a change a "
+                             "resume allows, e.g. --epochs to extend it)")
+    if "--input-size" not in without:
+        parser.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"),
+                            help="model input channels and size (= model.in_chans, model.img_size; H must equal W)")
     group = parser.add_argument_group("training options (each sets one recipe key; --set overrides them)")
     for flag, (key, kwargs) in TRAINING_FLAGS.items():
-        group.add_argument(flag, dest=_dest(flag), **{**kwargs, "help": f"{kwargs['help']} (= {key})"})
+        if flag in without:
+            continue
+        group.add_argument(flag, dest=_dest(flag), **{**_metavar(flag, kwargs), "help": f"{kwargs['help']} (= {key})"})
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any recipe key, value parsed as YAML (repeatable), e.g. --set optim.lr=1e-3")
+
+
+def recipe_for(args: argparse.Namespace) -> str | dict[str, Any]:
+    """The recipe a training command runs: --recipe; else, resuming, the run's own config.json (its recipe and
+    every override, so `--output RUN --resume` alone continues it); else the command's default."""
+    config = Path(args.output) / "config.json"
+    if args.recipe is None and args.resume and config.is_file():
+        return json.loads(config.read_text())
+    return args.recipe or args.default_recipe
 
 
 def recipe_names() -> list[str]:
@@ -73,6 +110,10 @@ def add_output_argument(parser: argparse.ArgumentParser, required: bool = False,
     parser.add_argument("--output", "--out", dest="output", required=required, help=help)
 
 
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=thread_count, default=None,
                         help="compute threads (default: the cores this process may use)")
@@ -82,14 +123,46 @@ def training_overrides(args: argparse.Namespace, extra: dict[str, Any] | None = 
     """{config key: value} from the training flags given, then `extra`, then --set (last wins)."""
     from resmlp.train.config import parse_overrides
 
-    flags = {key: getattr(args, _dest(flag)) for flag, (key, _) in TRAINING_FLAGS.items()}
-    if args.input_size is not None:
+    flags = {key: getattr(args, _dest(flag), None) for flag, (key, _) in TRAINING_FLAGS.items()}
+    if getattr(args, "input_size", None) is not None:
         chans, height, width = args.input_size
         if height != width:
             raise ValueError(f"--input-size {chans} {height} {width}: ResMLP and Mixer take square images (H = W)")
         flags.update({"model.in_chans": chans, "model.img_size": height})
     given = {key: value for key, value in flags.items() if value is not None}
     return {**given, **(extra or {}), **parse_overrides(args.overrides)}
+
+
+def run_data_flags(output: str | Path, training: bool = False) -> str:
+    """The flags that name run `output`'s dataset (from its config.json) in a printed next command: for an
+    evaluation (--data KIND|FOLDER [--data-dir DIR]) or, `training`, for a recipe built on fashion-mnist."""
+    data = json.loads((Path(output) / "config.json").read_text()).get("data", {})
+    kind, folder = data.get("kind", "fashion-mnist"), data.get("dir")
+    if training:
+        flags = [] if kind == "fashion-mnist" else ["--set", f"data.kind={kind}"]
+        return shlex.join(flags + (["--data-dir", str(folder)] if folder else []))
+    if kind == "folder":
+        return shlex.join(["--data", str(folder)])
+    return shlex.join(["--data", kind] + (["--data-dir", str(folder)] if folder else []))
+
+
+def pipe_console(**kwargs: Any):
+    """A rich Console (`kwargs` its options) whose closed stdout pipe ends the command as every other does
+    (cli.main: exit 141): rich's own handling exits 1."""
+    from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return PipeConsole(**kwargs)
+
+
+def _metavar(flag: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A value's name as the user types the flag (--lr LR), not the internal dest (FLAG_LR)."""
+    if "metavar" in kwargs or "choices" in kwargs or kwargs.get("action"):
+        return kwargs
+    return {**kwargs, "metavar": flag.lstrip("-").replace("-", "_").upper()}
 
 
 def _dest(flag: str) -> str:

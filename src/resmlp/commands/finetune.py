@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from resmlp.commands.common import add_training_arguments, training_overrides
+from resmlp.commands.common import add_training_arguments, recipe_for, training_overrides
 
 
 def _freeze(value: str) -> int | str:
@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Start from CHECKPOINT with a new head for the dataset's classes; optional "
                                    "resolution change, freezing and layer-wise lr decay.")
     p.add_argument("checkpoint", help="a ResMLP/Mixer checkpoint: ours, a DINO backbone, timm's or DeiT's")
-    add_training_arguments(p, "fashion-mnist-quick")
+    # the model is CHECKPOINT's: no --model or --input-size (--img-size changes the resolution)
+    add_training_arguments(p, "fashion-mnist-quick", without=("--model", "--input-size"))
     p.add_argument("--img-size", type=int, help="new input resolution (cross-patch weights resized)")
     p.add_argument("--freeze", type=_freeze, metavar="N_BLOCKS|all-but-head",
                    help="freeze the stem and the first N blocks, or everything but the head")
@@ -32,10 +33,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     from resmlp.commands.train import print_summary
     from resmlp.train import finetune
 
-    if args.flag_model or args.input_size:
-        raise ValueError("finetune takes its model from CHECKPOINT: drop --model / --input-size (use --img-size "
-                         "for a new resolution)")
-    summary = finetune(args.checkpoint, args.recipe, args.output, training_overrides(args), args.img_size,
+    summary = finetune(args.checkpoint, recipe_for(args), args.output, training_overrides(args), args.img_size,
                        args.freeze, args.layer_decay, args.resume)
     print_summary(summary, args.output)
     return 0

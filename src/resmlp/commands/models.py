@@ -8,7 +8,8 @@ import json
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list presets and Table 3 ablation rows with params and GMACs")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table for reading, json for scripts (default table)")
     p.set_defaults(run=run)
 
 
@@ -35,8 +36,9 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(data, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from resmlp.commands.common import pipe_console
 
     presets = Table(title="Presets (224x224, 1000 classes)")
     for col in ("name", "params (M)", "GMACs", "published weights"):
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         if r["kind"] == "table3":
             table3.add_row(r["name"], f"{r['params_m']:.2f}", f"{r['paper_params_m']:.1f}",
                            f"{r['gmacs']:.2f}", f"{r['paper_gmacs']:.1f}")
-    console = Console()
+    console = pipe_console()
     console.print(presets)
     console.print(table3)
     return 0

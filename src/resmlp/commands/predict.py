@@ -7,6 +7,7 @@ import csv
 import glob
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
     p.add_argument("--top-k", type=int, default=5, help="classes to report per image (default 5)")
     p.add_argument("--output", type=Path, help="also write the predictions to FILE.json or FILE.csv")
-    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+                   help="inference precision; int8: dynamic quantisation of the linear layers (default fp32)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per batch (default 32)")
     p.set_defaults(run=run)
 
 
@@ -102,29 +104,43 @@ def write_output(path: Path, results: list[dict[str, Any]], errors: list[dict[st
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+def _common_folder(files: list[str]) -> str | None:
+    """The folder every file is in (None for fewer than two files, or none shared but the root)."""
+    if len(files) < 2:
+        return None
+    base = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    return base if base not in ("", os.sep) else None
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from resmlp.commands.common import pipe_console
+
     if args.output is not None and args.output.suffix.lower() not in (".json", ".csv"):
         raise ValueError(f"--output must end in .json or .csv, got {args.output.name}")
     results, errors, pre = classify(args)
-    console = Console()
+    if args.output is not None:  # before printing anything: a failed write leaves no table behind its error
+        write_output(args.output, results, errors)
+    console = pipe_console(soft_wrap=True)  # messages stay one line each, whatever the terminal width
     if pre.source == "defaults":
         console.print(f"[yellow]checkpoint has no preprocessing metadata: using the ImageNet preset defaults "
                       f"(ImageNet's mean/std, crop {pre.crop_pct}, {pre.interpolation}: timm's)[/yellow]")
-    table = Table(title=f"Predictions ({args.precision})")
-    table.add_column("file")
+    base = _common_folder([r["file"] for r in results])
+    table = Table(title=f"Predictions ({args.precision})" + (f" of images in {base}" if base else ""))
+    # the part of each path that tells the files apart, whole (folded rather than cut when it is long)
+    table.add_column("file", overflow="fold")
     for rank in range(1, min(args.top_k, max((len(r["top_k"]) for r in results), default=0)) + 1):
         table.add_column(f"#{rank}")
     for r in results:
-        table.add_row(r["file"], *(f"{t['class_name']} {t['probability']:.1%}" for t in r["top_k"]))
+        name = os.path.relpath(r["file"], base) if base else r["file"]
+        table.add_row(name, *(f"{t['class_name']} {t['probability']:.1%}" for t in r["top_k"]))
     console.print(table)
     err_console = Console(stderr=True, soft_wrap=True)  # one line per failed file, whatever the terminal width
     for e in errors:
         err_console.print(f"[red]skipped[/red] {e['file']}: {e['error']}", highlight=False)
     if args.output is not None:
-        write_output(args.output, results, errors)
         console.print(f"wrote {args.output}")
     console.print(f"{len(results)} image(s) classified, {len(errors)} failed")
     return 0 if not errors and results else 1

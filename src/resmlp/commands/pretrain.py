@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
-from resmlp.commands.common import add_training_arguments, training_overrides
+from resmlp.commands.common import add_training_arguments, recipe_for, run_data_flags, training_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = methods.add_parser("dino", help="DINO: student/EMA-teacher self-distillation with multi-crop",
                            description="DINO pre-training; writes OUTPUT/summary.json with knn_top1 and the "
                                        "teacher backbone as OUTPUT/best.safetensors.")
-    add_training_arguments(d, "dino-fashion-mnist")
+    # DINO's teacher is its own EMA of the student: the trainer's weight EMA (--model-ema) is refused
+    add_training_arguments(d, "dino-fashion-mnist", recipe_prefix="dino", without=("--model-ema",))
     d.set_defaults(run=run_dino)
 
 
@@ -21,13 +23,17 @@ def run_dino(args: argparse.Namespace) -> int:
     from resmlp.runtime import is_main_process
     from resmlp.train import pretrain_dino
 
-    summary = pretrain_dino(args.recipe, args.output, training_overrides(args), args.resume)
+    summary = pretrain_dino(recipe_for(args), args.output, training_overrides(args), args.resume)
     if is_main_process():
         test = ("no test split" if summary["test_knn_top1"] is None else f"test {summary['test_knn_top1']:.2f}%")
+        checkpoint, out = shlex.quote(summary["checkpoint"]), str(args.output).rstrip("/")
+        finetune = " ".join(filter(None, [f"resmlp finetune {checkpoint} --recipe fashion-mnist-quick",
+                                          run_data_flags(out, training=True),
+                                          f"--output {shlex.quote(out + '-finetuned')}"]))
         print(f"k-NN top-1 {summary['knn_top1']:.2f}% on validation ({test}) after {summary['epochs']} epochs in "
               f"{summary['wall_seconds']:.0f}s\n"
               f"  teacher backbone: {summary['checkpoint']}\n"
-              f"  summary:          {args.output}/summary.json\n"
-              f"  linear probe:     resmlp eval-linear {summary['checkpoint']} --data {summary['dataset']}\n"
-              f"  fine-tune:        resmlp finetune {summary['checkpoint']} --recipe fashion-mnist-quick --output DIR")
+              f"  summary:          {out}/summary.json\n"
+              f"  linear probe:     resmlp eval-linear {checkpoint} {run_data_flags(out)}\n"
+              f"  fine-tune:        {finetune}")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from resmlp.commands.common import add_output_argument, add_threads_argument
+from resmlp.commands.common import add_output_argument, add_progress_argument, add_threads_argument, amp_value
 from resmlp.commands.train import DATA_KINDS
 
 
@@ -20,9 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
         add_output_argument(p, help="folder for summary.json")
         add_threads_argument(p)
-        p.add_argument("--batch-size", type=int, default=256)
-        p.add_argument("--device", default="auto")
-        p.add_argument("--amp", choices=("auto", "bf16", "none"), default="auto",
+        add_progress_argument(p)
+        p.add_argument("--batch-size", type=int, default=256, metavar="N", help="images per batch (default 256)")
+        p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+        p.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp32}",
                        help="features' precision: auto = bf16 where the hardware has it (as `resmlp eval`), else fp32")
         if method == "knn":
             p.add_argument("--k", type=int, default=20, help="neighbours (default 20)")
@@ -38,6 +39,7 @@ def run_probe(args: argparse.Namespace) -> int:
     extra = dict(k=args.k, temperature=args.temperature) if args.method == "knn" else {}
     with process_settings(args.threads), output_lock(args.output):
         summary = frozen_feature_eval(args.checkpoint, args.method, args.data, args.data_dir, args.output,
-                                      args.batch_size, device=args.device, progress=True, amp=args.amp, **extra)
+                                      args.batch_size, device=args.device, progress=args.progress, amp=args.amp,
+                                      **extra)
     print(json.dumps(summary))
     return 0

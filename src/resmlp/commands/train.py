@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from resmlp.commands.common import add_output_argument, add_threads_argument, add_training_arguments, training_overrides
+from resmlp.commands.common import (
+    add_output_argument,
+    add_progress_argument,
+    add_threads_argument,
+    add_training_arguments,
+    amp_value,
+    recipe_for,
+    training_overrides,
+)
 
 DATA_KINDS = ("fashion-mnist", "folder", "cifar10", "cifar100", "synthetic")  # resmlp.data.KINDS, without torch
 
@@ -35,10 +43,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                                   "dataset the checkpoint was trained on")
     e.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
     e.add_argument("--split", choices=("train", "val", "test"),
-                   help="default: test where the dataset has one (Fashion-MNIST, CIFAR), else val (folders)")
+                   help="default: the split training reported on: test where the dataset has one (Fashion-MNIST, "
+                        "CIFAR, a folder with DIR/test), else val")
+    e.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp16,fp32}",
+                   help="precision: auto = bf16 where the hardware has it, else fp32 (default auto)")
     add_output_argument(e, help="folder for summary.json and confusion_matrix.png")
-    e.add_argument("--batch-size", type=int, default=256)
-    e.add_argument("--device", default="auto")
+    add_progress_argument(e)
+    e.add_argument("--batch-size", type=int, default=256, metavar="N", help="images per batch (default 256)")
+    e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add_threads_argument(e)
     e.set_defaults(run=run_eval)
 
@@ -51,7 +63,7 @@ def run_train(args: argparse.Namespace) -> int:
              "distill.cache": args.distill_cache, "distill.allow_random_teacher": args.allow_random_teacher,
              "model.name": args.initial_checkpoint}
     overrides = training_overrides(args, {k: v for k, v in extra.items() if v is not None})
-    summary = train(args.recipe, args.output, overrides=overrides, resume=args.resume)
+    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume)
     print_summary(summary, args.output)
     return 0
 
@@ -86,16 +98,19 @@ def run_eval(args: argparse.Namespace) -> int:
 
     with process_settings(args.threads), output_lock(args.output):  # a folder a training holds is refused
         summary = evaluate(args.checkpoint, data=args.data, data_dir=args.data_dir, split=args.split,
-                           output=args.output, batch_size=args.batch_size, device=args.device, progress=True)
+                           output=args.output, batch_size=args.batch_size, device=args.device, amp=args.amp,
+                           progress=args.progress)
     width = max(len(name) for name in summary["per_class_top1"])
     print(f"{summary['checkpoint']} on {summary['dataset']} ({summary['split']}, {summary['images']} images)")
     for name, acc in summary["per_class_top1"].items():
         print(f"  {name:<{width}}  {acc:6.2f}%")
-    print(f"top-1 {summary['test_top1']:.2f}%  top-5 {summary['test_top5']:.2f}%")
+    print(f"top-1 {summary['top1']:.2f}%  top-5 {summary['top5']:.2f}% ({summary['precision']})")
     if summary["skipped_images"]:
         print(f"{summary['skipped_images']} unreadable images skipped")
     print(f"confusion matrix: {summary['confusion_matrix']}")
     if args.output:
         print(f"summary: {args.output}/summary.json")
-    print(json.dumps({k: summary[k] for k in ("test_top1", "test_top5", "epochs", "wall_seconds", "checkpoint")}))
+    split = summary["split"]
+    keys = (f"{split}_top1", f"{split}_top5", "epochs", "wall_seconds", "checkpoint", "precision")
+    print(json.dumps({k: summary[k] for k in keys}))
     return 0

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--train-size", type=int, default=50_000, help="training pairs of the built-in task")
     t.add_argument("--output", required=True, help="run directory: checkpoint, tokenizer, logs, summary.json")
     t.add_argument("--resume", action="store_true", help="continue the checkpoint in --output")
-    t.add_argument("--arch", choices=("resmlp", "transformer"), default="resmlp")
+    t.add_argument("--arch", choices=("resmlp", "transformer"), default="resmlp",
+                   help="encoder-decoder: ResMLP blocks or the Transformer baseline (default resmlp)")
     t.add_argument("--preset", default="small", help="base6, base12 (paper, dim 512), small, tiny")
     for name, typ in (("dim", int), ("hidden", int), ("encoder-layers", int), ("decoder-layers", int),
                       ("heads", int), ("max-len", int), ("dropout", float), ("layerscale-init", float)):
@@ -34,17 +35,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--optimizer", choices=("adagrad", "adam"), default="adagrad",
                    help="adagrad + linear warm-up (paper) or adam + inverse-sqrt")
     t.add_argument("--lr", type=float, help="peak learning rate (default 0.2 adagrad, 5e-4 adam)")
-    t.add_argument("--warmup-steps", type=int, default=500)
+    t.add_argument("--warmup-steps", type=int, default=500, metavar="N",
+                   help="steps of linear learning-rate warm-up (default 500)")
     t.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch (per process)")
-    t.add_argument("--max-steps", type=int, default=100_000)
+    t.add_argument("--max-steps", type=int, default=100_000, metavar="N",
+                   help="stop after this many optimizer steps (default 100000)")
     t.add_argument("--max-minutes", type=float, default=20.0, help="wall-clock training budget")
     t.add_argument("--eval-every", type=int, default=500, help="validation loss + checkpoint every N steps")
-    t.add_argument("--label-smoothing", type=float, default=0.1)
+    t.add_argument("--label-smoothing", type=float, default=0.1, metavar="EPS",
+                   help="label smoothing of the cross-entropy (default 0.1)")
     t.add_argument("--clip-norm", type=float, default=0.0, help="gradient norm clipping (0 = off)")
     t.add_argument("--precision", choices=("fp32", "bf16", "fp16", "auto"), default="fp32",
                    help="autocast: bf16 (CPU or GPU), fp16 (GPU, with loss scaling), auto (bf16 where native)")
     _decode_args(t)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seed of initialisation and data order (default 0)")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     t.set_defaults(run=run_translate_train)
 

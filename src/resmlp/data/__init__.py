@@ -40,9 +40,12 @@ def dataset_stats(kind: str, in_chans: int) -> tuple[tuple[float, ...], tuple[fl
     return tuple(mean), tuple(std)
 
 
-def heldout_split(kind: str) -> str:
-    """The split a trained model is scored on: the test split where the kind has one, else val (folders)."""
-    return "val" if kind == "folder" else "test"
+def heldout_split(kind: str, data_dir: str | Path | None = None) -> str:
+    """The split a trained model is scored on: the test split where the kind has one (a folder: when DIR/test
+    exists, as a training run reads it), else val."""
+    if kind == "folder":
+        return "test" if data_dir is not None and (Path(data_dir) / "test").is_dir() else "val"
+    return "test"
 
 
 def build_dataset(kind: str, split: str, data_dir: str | Path | None, in_chans: int, transform=None,

@@ -11,13 +11,15 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from resmlp.data.images import open_image
+from resmlp.errors import DataError
 
 
 class SkippingImageFolder(ImageFolder):
     """torchvision's ImageFolder whose unreadable images come back as None (dropped by `collate_skipping`).
 
     Unreadable means corrupt, truncated, of an unknown format, or larger than `max_image_pixels` (a
-    decompression bomb): all are skipped and counted alike. Empty class folders and empty datasets are
+    decompression bomb): all are skipped and counted alike. A decoded image whose transform fails is not
+    unreadable: that error is raised. Empty class folders and empty datasets are
     errors at construction, before any training starts.
     """
 
@@ -54,11 +56,17 @@ class SkippingImageFolder(ImageFolder):
         path, target = self.samples[index]
         try:
             image = open_image(path, self.in_chans, self.max_image_pixels)
-            if self.transform is not None:
-                image = self.transform(image)
-        except (OSError, ValueError) as e:  # open_image's DataError, or a transform's failure
+        except DataError as e:  # only a file that does not decode is skipped
             warnings.warn(f"skipping unreadable image {path}: {e}", stacklevel=1)
             return None
+        if self.transform is not None:
+            # an augmentation's failure is a bug in the augmentation, not a corrupt file: it is raised (naming the
+            # image) instead of silently dropping a healthy image from training
+            try:
+                image = self.transform(image)
+            except Exception as e:
+                raise RuntimeError(f"the transform failed on the readable image {path}: {type(e).__name__}: {e}") \
+                    from e
         return image, target
 
 

@@ -4,9 +4,10 @@ One trunk covers the paper's models, every ablation of its Table 3 and Appendix 
 (an MLP cross-patch sublayer, LayerNorm and no LayerScale; see `resmlp.models.mixer`).
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations` here: FX writes a traced forward's string annotations as unknown type
+# names (`_torch_Tensor_`), which TorchScript then refuses (timm's test_model_forward_fx_torchscript)
 import dataclasses
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -114,14 +115,18 @@ class ResMLPConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> ResMLPConfig:
+    def from_dict(cls, values: dict[str, Any]) -> "ResMLPConfig":
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
+            close = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+            hints = [f"{name!r} (did you mean {match[0]!r}?)" for name, match in close.items() if match]
+            if len(hints) == len(unknown):  # every one a typo: the suggestions say enough
+                raise ValueError(f"unknown model option {', '.join(hints)}")
             raise ValueError(f"unknown model option(s) {unknown}; valid options: {', '.join(sorted(known))}")
         return cls(**values)
 
-    def replace(self, **overrides: Any) -> ResMLPConfig:
+    def replace(self, **overrides: Any) -> "ResMLPConfig":
         return ResMLPConfig.from_dict({**self.to_dict(), **overrides})
 
 
@@ -147,9 +152,14 @@ class ResMLPBlock(nn.Module):
         self.fusable_design = fusable(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.fused_train and self.fusable_design and self.training and torch.is_grad_enabled()
-                and not torch.jit.is_scripting()):
-            return self._fused_forward(x)
+        # noqa below: TorchScript skips the body of a lone `if not torch.jit.is_scripting()` only; it cannot
+        # compile the FX check
+        if not torch.jit.is_scripting():  # noqa: SIM102
+            # FX graphs (timm's and torchvision's feature extraction, quantisation) record the plain block:
+            # the same result, in ops FX, TorchScript and graph rewriters understand
+            if (self.fused_train and self.fusable_design and self.training and torch.is_grad_enabled()
+                    and not is_fx_symbolic_tracing()):
+                return self._fused_forward(x)
         if self.cross_patch is not None:
             x = x + self.drop_path(self.cross_patch_scale(self.cross_patch(self.cross_patch_norm(x))))
         return x + self.drop_path(self.channel_scale(self.channel_mlp(self.channel_norm(x))))

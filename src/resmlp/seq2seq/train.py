@@ -385,7 +385,7 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     barrier(info)
     summary: dict[str, Any] = {}
     if info.is_main:
-        summary = evaluate_translation(model, tok, data, "test", cfg, out)
+        summary = evaluate_translation(model, tok, data, "test", cfg, out, progress=cfg.progress)
         summary.update(arch=cfg.arch, task=cfg.task, params=sum(p.numel() for p in model.parameters()),
                        steps=step, train_seconds=round(seconds, 1), max_minutes=cfg.max_minutes,
                        wall_seconds=round(seconds + summary.pop("decode_seconds"), 1), device=str(device),

@@ -115,7 +115,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     features = optimize_features(model, precision).to(torch_device)
     start = time.perf_counter()
     split_features = []
-    for split in ("train", heldout_split(data)):
+    for split in ("train", heldout_split(data, data_dir)):
         dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
         # in-memory images already at the model's size are preprocessed in whole batches (exact, and ~10x faster
         # than the per-image PIL transform that dominated eval-knn's time)
@@ -124,7 +124,9 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
         if progress:
             from tqdm.auto import tqdm
 
-            loader = tqdm(loader, desc=f"features {split}", unit="batch", dynamic_ncols=True)
+            # the batched form is a generator: the total (and so the ETA) comes from the split's size
+            loader = tqdm(loader, desc=f"features {split}", unit="batch", dynamic_ncols=True,
+                          total=-(-len(dataset) // batch_size))
         split_features += extract_features(features, loader, torch_device)
     if method == "knn":
         key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)

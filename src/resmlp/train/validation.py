@@ -242,7 +242,9 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
     need(s.name in ("cosine", "step"), f"schedule.name: {s.name!r} is not one of cosine, step")
     need(s.epochs >= 1, f"schedule.epochs must be >= 1, got {s.epochs}")
-    need(0 <= s.warmup_epochs < s.epochs, f"schedule.warmup_epochs must be in [0, epochs), got {s.warmup_epochs}")
+    need(0 <= s.warmup_epochs < s.epochs,
+         f"schedule.warmup_epochs is {s.warmup_epochs}, which must be in [0, schedule.epochs = {s.epochs}); "
+         f"set a shorter warm-up with --warmup-epochs N (= --set schedule.warmup_epochs=N)")
     need(s.decay_epochs > 0, f"schedule.decay_epochs must be > 0, got {s.decay_epochs}")
     need(0 <= cfg.loss.label_smoothing < 1, f"loss.label_smoothing must be in [0, 1), got {cfg.loss.label_smoothing}")
     need(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")

@@ -1,0 +1,37 @@
+"""Help texts a user can act on: every option explained, value names a user types, each command offering
+only what it accepts."""
+
+from __future__ import annotations
+
+import argparse
+
+from resmlp.cli import build_parser
+from resmlp.commands.common import recipe_names
+
+
+def _commands(parser: argparse.ArgumentParser, name: str = "resmlp"):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from _commands(sub, f"{name} {sub_name}")
+    yield name, parser
+
+
+def test_every_option_has_a_help_line_and_a_typed_value_name():
+    for name, parser in _commands(build_parser()):
+        undocumented = [a.option_strings or a.dest for a in parser._actions
+                        if not a.help and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+        assert not undocumented, f"{name}: {undocumented} without help"
+        assert "FLAG_" not in parser.format_help(), name
+
+
+def test_each_training_command_offers_what_it_accepts():
+    commands = dict(_commands(build_parser()))
+    dino = commands["resmlp pretrain dino"]
+    assert "--model-ema" not in dino.format_help()
+    recipe_help = next(a.help for a in dino._actions if "--recipe" in a.option_strings)
+    listed = recipe_help.split("(", 1)[1].split(")", 1)[0].split(", ")
+    assert listed == [r for r in recipe_names() if r.startswith("dino")] and "dino-fashion-mnist" in listed
+    finetune = commands["resmlp finetune"].format_help()
+    assert "--model " not in finetune and "--input-size" not in finetune and "--img-size" in finetune
+    assert "--model MODEL" in commands["resmlp train"].format_help()

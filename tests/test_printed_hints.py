@@ -1,0 +1,99 @@
+"""Every "next command" a run prints runs as printed (on an image folder, where the dataset is a path the
+checkpoint does not hold); `resmlp eval` names what it measured: the split's keys, the precision."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from resmlp.cli import main
+
+FAST = {"train.progress": False, "train.threads": 1, "train.compile": False, "data.num_workers": 0,
+        "schedule.warmup_epochs": 0, "train.amp": "none"}
+
+
+def make_jpeg_folder(root, splits=("train", "val", "test"), per_class: int = 6) -> None:
+    """Two learnable classes of 16x16 RGB JPEGs under root/<split>/<class>/."""
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for label, name in enumerate(("dark", "light")):
+            (root / split / name).mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 128, (16, 16, 3)) + 127 * label
+                Image.fromarray(pixels.astype(np.uint8)).save(root / split / name / f"{i}.jpg", quality=95)
+
+
+def _sets(overrides: dict) -> list[str]:
+    return [f"--set={key}={json.dumps(value)}" for key, value in overrides.items()]
+
+
+def _hint(out: str, label: str) -> list[str]:
+    """The command printed after `label`, as a shell would split it, without the program name."""
+    line = next(line for line in out.splitlines() if line.strip().startswith(label))
+    words = shlex.split(line.split(label, 1)[1])
+    assert words[0] == "resmlp"
+    return words[1:]
+
+
+def test_eval_hint_of_a_folder_run_reads_the_folder_and_names_the_split(tmp_path, capsys):
+    data, run = tmp_path / "images", tmp_path / "run"
+    make_jpeg_folder(data)
+    tiny = {**FAST, "data.kind": "folder", "model.in_chans": 3, "model.img_size": 16, "model.patch_size": 4,
+            "model.dim": 16, "model.depth": 2, "train.batch_size": 4, "data.crop_pct": 1.0,
+            "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0]}
+    assert main(["train", "--output", str(run), "--data-dir", str(data), "--epochs", "1", *_sets(tiny)]) == 0
+    trained = json.loads((run / "summary.json").read_text())
+    hint = _hint(capsys.readouterr().out, "evaluate it:")
+    assert hint == ["eval", str(run)]
+    # as printed: the folder comes from the run's config.json; the split is the one training reported on
+    assert main(hint + ["--output", str(tmp_path / "eval")]) == 0
+    evaluated = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert evaluated["split"] == "test" and evaluated["test_top1"] == pytest.approx(trained["test_top1"], abs=1e-6)
+    assert main(hint + ["--split", "val", "--amp", "fp32", "--output", str(tmp_path / "val")]) == 0
+    on_val = json.loads((tmp_path / "val" / "summary.json").read_text())
+    assert "val_top1" in on_val and "test_top1" not in on_val and on_val["precision"] == "fp32"
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["val_top1"] == on_val["val_top1"]
+
+
+def test_dino_hints_run_as_printed(tmp_path, capsys):
+    data, run = tmp_path / "my images", tmp_path / "dino"  # a space: the hints must quote paths
+    make_jpeg_folder(data, per_class=8)
+    tiny = {**FAST, "data.kind": "folder", "model.in_chans": 3, "model.img_size": 16, "model.patch_size": 4,
+            "model.dim": 16, "model.depth": 2, "train.batch_size": 8, "data.crop_pct": 1.0,
+            "dino.out_dim": 32, "dino.hidden_dim": 16, "dino.bottleneck_dim": 8, "dino.num_local": 2,
+            "dino.local_size": 8, "dino.warmup_teacher_temp_epochs": 0}
+    assert main(["pretrain", "dino", "--output", str(run), "--data-dir", str(data), "--epochs", "1",
+                 *_sets(tiny)]) == 0
+    out = capsys.readouterr().out
+    probe = _hint(out, "linear probe:")
+    assert main(probe + ["--output", str(tmp_path / "probe")]) == 0
+    assert json.loads((tmp_path / "probe" / "summary.json").read_text())["dataset"] == "folder"
+    finetune = _hint(out, "fine-tune:")
+    # as printed, made short for a test: one epoch in small batches
+    assert main(finetune + ["--epochs", "1", "--batch-size", "4", *_sets(FAST)]) == 0
+    assert (tmp_path / "dino-finetuned" / "best.safetensors").is_file()
+
+
+def test_a_flag_against_the_recipe_says_which_key_and_how_to_override_it(tmp_path, capsys):
+    assert main(["train", "--output", str(tmp_path / "run"), "--epochs", "1",
+                 "--set", "schedule.warmup_epochs=5"]) == 2
+    err = capsys.readouterr().err
+    assert "schedule.warmup_epochs is 5" in err and "--warmup-epochs N" in err
+
+
+def test_precision_flags_take_fp32_and_refuse_other_words(capsys):
+    from resmlp.cli import build_parser
+    from resmlp.commands.common import training_overrides
+
+    parser = build_parser()
+    args = parser.parse_args(["train", "--output", "x", "--amp", "fp32", "--warmup-epochs", "0.5"])
+    assert training_overrides(args) == {"train.amp": "none", "schedule.warmup_epochs": 0.5}
+    assert parser.parse_args(["eval", "x", "--amp", "none"]).amp == "none"  # the recipes' word, still accepted
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", "x", "--amp", "fp64"])
+    assert "choose one of auto, bf16, fp16, fp32" in capsys.readouterr().err
+    assert "FLAG_" not in parser._subparsers._group_actions[0].choices["train"].format_help()
