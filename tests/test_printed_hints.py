@@ -40,7 +40,7 @@ def _hint(out: str, label: str) -> list[str]:
 
 
 def test_eval_hint_of_a_folder_run_reads_the_folder_and_names_the_split(tmp_path, capsys):
-    data, run = tmp_path / "images", tmp_path / "run"
+    data, run = tmp_path / "images", tmp_path / "a run"  # a space: the hint must quote the folder
     make_jpeg_folder(data)
     tiny = {**FAST, "data.kind": "folder", "model.in_chans": 3, "model.img_size": 16, "model.patch_size": 4,
             "model.dim": 16, "model.depth": 2, "train.batch_size": 4, "data.crop_pct": 1.0,

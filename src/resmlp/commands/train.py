@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from resmlp.commands.common import (
     add_output_argument,
@@ -80,7 +81,7 @@ def print_summary(summary: dict, output: str) -> None:
           f"  metrics:          {summary['metrics']} (TensorBoard: {output}/tensorboard)\n"
           f"  learning curves:  {summary['learning_curves']}\n"
           f"  summary:          {output}/summary.json\n"
-          f"  evaluate it:      resmlp eval {output}")
+          f"  evaluate it:      resmlp eval {shlex.quote(str(output))}")
 
 
 def test_scores_line(summary: dict) -> str:
