@@ -245,7 +245,7 @@ class Trainer:
         raise NonFiniteLossError(
             f"{what}, lr {self.optimizer.param_groups[0]['lr']:.3g}; training stopped (that step's update was "
             f"skipped) and {kept}. Resume it with a lower learning rate (--resume --set optim.lr=...), set "
-            "train.clip_grad (e.g. 1.0) or use train.amp=none")
+            "train.clip_grad (e.g. 1.0) or train in fp32 (--amp fp32)")
 
     def _check_weights(self) -> None:
         """Non-finite weights at the end of an epoch (one read): a checkpoint of them is no good checkpoint."""
