@@ -89,6 +89,9 @@ def test_grad_accumulation_matches_the_full_batch(tmp_path, amp):
     train("fashion-mnist-quick", tmp_path / "b", overrides={**base, "train.grad_accum": 2})
     a, b = resmlp.load(tmp_path / "a" / "last.safetensors"), resmlp.load(tmp_path / "b" / "last.safetensors")
     assert_same_training(initial_weights(base), a.state_dict(), b.state_dict(), amp, "grad_accum=2")
+    # the reported loss is the mean per image either way, not summed over the accumulated micro-batches
+    losses = [float((tmp_path / run / "metrics.csv").read_text().splitlines()[1].split(",")[1]) for run in "ab"]
+    assert losses[1] == pytest.approx(losses[0], rel=0.02)
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):

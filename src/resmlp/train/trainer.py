@@ -185,7 +185,7 @@ class Trainer:
         steps = self.step_in_epoch - self.steps_at_read
         if bar is not None and steps:
             elapsed = time.perf_counter() - epoch_start
-            bar.set_postfix(loss=f"{(loss_sum - self.loss_at_read) / steps / self.cfg.train.grad_accum:.4f}",
+            bar.set_postfix(loss=f"{(loss_sum - self.loss_at_read) / steps:.4f}",
                             lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
                             img_s=f"{images_seen * self.info.world_size / max(elapsed, 1e-9):.0f}", refresh=False)
         self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, loss_sum
@@ -272,7 +272,7 @@ class Trainer:
             self.optimizer.step()
         self.guard.after_step(before, ok)
         self.optimizer.zero_grad(set_to_none=True)
-        self.totals.add(step_loss, ok, self.global_step)
+        self.totals.add(step_loss / self.cfg.train.grad_accum, ok, self.global_step)  # the step's mean loss
         self.scheduler.step_update(self.global_step + 1)
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step + 1)
