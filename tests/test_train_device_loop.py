@@ -204,3 +204,22 @@ def test_compile_setting_is_forced_and_recorded(tmp_path):
     assert summary["compile"]["compiled"] is False and "auto" in summary["compile"]["why"]  # a 20-step run
     assert CompileChoice("true", torch.device("cuda")).cuda_graphs
     assert not CompileChoice("true", torch.device("cuda"), world_size=2).cuda_graphs
+
+
+def test_compile_auto_compiles_mid_run_and_trains_the_eager_weights(tmp_path, monkeypatch):
+    """With the threshold at zero, auto compiles after its timed eager steps; the run goes on compiled (the
+    model object swapped mid-epoch) and ends where an eager run ends, within the rounding bound."""
+    from conftest import assert_same_training
+    from test_train_engine import initial_weights
+
+    import resmlp
+
+    monkeypatch.setattr("resmlp.train.step.COMPILE_PAYS_AFTER", {"cpu": 0.0, "cuda": 0.0})
+    base = {**TINY, "train.amp": "none", "optim.name": "sgd", "optim.lr": 0.05, "data.synthetic_size": [96, 32],
+            "model.depth": 2}
+    compiled = train("fashion-mnist-quick", tmp_path / "auto", overrides={**base, "train.compile": "auto"})
+    eager = train("fashion-mnist-quick", tmp_path / "eager", overrides=base)
+    assert compiled["compile"]["compiled"] and "> 0 s" in compiled["compile"]["why"]
+    assert not eager["compile"]["compiled"]
+    a, b = (resmlp.load(tmp_path / run / "last.safetensors").state_dict() for run in ("auto", "eager"))
+    assert_same_training(initial_weights(base), a, b, "none", "compile auto mid-run vs eager")
