@@ -227,6 +227,14 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def copy_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on `device` without making the host wait: to a GPU through page-locked memory, so the copy
+    is queued like a kernel (a copy from pageable memory may synchronise with the stream first)."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def to_device(images: torch.Tensor | list[torch.Tensor], device: torch.device,
                channels_last: bool = False) -> torch.Tensor | list[torch.Tensor]:
     """A batch (a tensor, or a list of crops) on `device`, channels-last when asked."""

@@ -28,6 +28,7 @@ from timm.data.random_erasing import RandomErasing
 
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.samplers import sample_seed
+from resmlp.runtime import copy_to
 
 ATTEMPTS = 10  # timm's RandomResizedCrop tries 10 areas before it falls back to a centre crop
 GRID_MODES = {"bicubic": "bicubic", "bilinear": "bilinear", "nearest": "nearest"}
@@ -82,10 +83,12 @@ class BatchAugment:
         theta[:, 0, 2] = (2 * left + w) / width - 1
         theta[:, 1, 1] = h / height
         theta[:, 1, 2] = (2 * top + h) / height - 1
-        theta = theta.to(device, non_blocking=True)
+        theta = copy_to(theta, device)
         grid = F.affine_grid(theta, [len(x), x.shape[1], self.img_size, self.img_size], align_corners=False)
         x = F.grid_sample(x, grid, mode=self.mode, padding_mode="border", align_corners=False)
-        x = (x.clamp(0, 255) / 255 - self.mean.to(device)) / self.std.to(device)
+        if self.mean.device != device:  # once: the statistics then live where the images are
+            self.mean, self.std = self.mean.to(device), self.std.to(device)
+        x = (x.clamp(0, 255) / 255 - self.mean) / self.std
         if self.erase is not None:
             if device.type == "cpu":
                 self._erase(x, seeds)
@@ -149,7 +152,7 @@ class BatchAugment:
                 rows, cols = painted.any(dim=(0, 2)).nonzero()[:, 0], painted.any(dim=(0, 1)).nonzero()[:, 0]
                 if len(rows):
                     box = (slice(None), slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
-                    image[box] = canvas[box].to(image.device, non_blocking=True)
+                    image[box] = copy_to(canvas[box], image.device)
         random.setstate(python_state)
 
 
@@ -169,7 +172,7 @@ def array_batches(dataset: ArrayDataset, keys: Iterable[tuple[int, int, int, int
             return
         index = [key[3] for key in batch]
         if resident:
-            where = torch.tensor(index).to(device, non_blocking=True)
+            where = copy_to(torch.tensor(index), device)
             images, labels = all_images[where], all_labels[where]
         else:
             images, labels = torch.from_numpy(dataset.images[index]), torch.from_numpy(dataset.labels[index])

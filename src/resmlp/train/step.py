@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-# seconds a compilation costs, as measured (docs/training.md): inductor on the quickstart model, 2-core CPU
-# ~25 s; an H100 18.5 s (default mode) and 7.6 s (CUDA graphs). `auto` compiles when the eager estimate of the
+# what a compilation costs: the quickstart's first epoch ran 1-16 s longer than its others on a 2-core AVX-512
+# BF16 CPU in bf16 (inductor's cache warm or cold; docs/benchmarks.md); on an H100 18.5 s (default mode) and 7.6 s
+# (CUDA graphs) (shared/measurements/gpu-h100-2026-11-24.md). `auto` compiles when the eager estimate of the
 # rest of the run exceeds COMPILE_PAYS_AFTER seconds: a few times the cost, so a short run never pays more
 # for compiling than it saves.
 COMPILE_PAYS_AFTER = {"cpu": 90.0, "cuda": 60.0}
@@ -32,7 +33,6 @@ class RunningTotals:
     """Loss sum and first non-finite step of the current epoch, on the device until `read`."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)
 
@@ -58,6 +58,7 @@ class UpdateGuard:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
         self.backup: list[torch.Tensor] = []
+        self._with_state = 0  # parameters the optimizer held state for after the last step
 
     def _tensors(self) -> list[torch.Tensor]:
         """Every parameter and floating-point optimizer-state tensor (moments, step counts)."""
@@ -68,7 +69,7 @@ class UpdateGuard:
 
     def before_step(self) -> list[torch.Tensor]:
         tensors = self._tensors()
-        if [b.shape for b in self.backup] != [t.shape for t in tensors]:
+        if len(self.backup) != len(tensors):  # the first step creates the optimizer's state; then it stays
             self.backup = [torch.empty_like(t) for t in tensors]
         if tensors:
             torch._foreach_copy_(self.backup, tensors)
@@ -77,12 +78,17 @@ class UpdateGuard:
     def after_step(self, before: list[torch.Tensor], ok: torch.Tensor) -> None:
         """Keep the step where `ok`, else restore what `before_step` saw; state the step created (the first
         step's moments) goes back to zero, what Adam, LAMB and SGD start from."""
-        seen = {t.data_ptr() for t in before}  # by storage: `p.data` is a new tensor object at every call
         for tensor, saved in zip(before, self.backup, strict=True):
             torch.where(ok, tensor, saved, out=tensor)
-        for tensor in self._tensors():
-            if tensor.data_ptr() not in seen:
-                torch.where(ok, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device), out=tensor)
+        if len(self.optimizer.state) == self._with_state:  # no parameter got its first state in this step
+            return
+        self._with_state = len(self.optimizer.state)
+        after = self._tensors()
+        if len(after) != len(before):
+            seen = {t.data_ptr() for t in before}  # by storage: `p.data` is a new tensor object at every call
+            for tensor in after:
+                if tensor.data_ptr() not in seen:
+                    torch.where(ok, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device), out=tensor)
 
 
 def all_finite(loss: torch.Tensor, grad_norm: torch.Tensor | None) -> torch.Tensor:
