@@ -104,7 +104,7 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_state_as_they_were(opt):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.GELU(), torch.nn.Linear(5, 2))
     optimizer = create_optimizer_v2(model, opt=opt, lr=0.1, weight_decay=0.05, momentum=0.9)
-    guard = UpdateGuard(model, optimizer)
+    guard = UpdateGuard(model, optimizer, torch.device("cpu"))
 
     def step(scale: float) -> torch.Tensor:
         loss = model(torch.randn(4, 6)).pow(2).mean() * scale
@@ -122,13 +122,23 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_state_as_they_were(opt):
     assert all(torch.isfinite(v).all() for v in state_tensors)
     assert step(1.0)
     weights = [p.detach().clone() for p in model.parameters()]
-    state = {k: v.clone() for s in optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)}
+    state = optimizer_tensors(optimizer)
     assert not step(math.inf)
     assert all(torch.equal(a, p) for a, p in zip(weights, model.parameters(), strict=True))
-    after = {k: v for s in optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)}
-    assert all(torch.equal(state[k], after[k]) for k in state)
+    after = optimizer_tensors(optimizer)
+    assert state.keys() == after.keys() and all(torch.equal(state[k], after[k]) for k in state)
+    if opt != "momentum":  # the step counters (AdamW's per parameter, LAMB's per group) did not advance
+        assert any("step" in key for key in state)
     assert step(1.0)  # and a good step moves the weights again
     assert not all(torch.equal(a, p) for a, p in zip(weights, model.parameters(), strict=True))
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Every tensor of the optimizer's state, the per-group step counters (timm's LAMB) included, cloned."""
+    out = {f"{id(p)}.{k}": v.clone() for p, s in optimizer.state.items() for k, v in s.items() if torch.is_tensor(v)}
+    out.update({f"group{i}.{k}": v.clone() for i, g in enumerate(optimizer.param_groups) for k, v in g.items()
+                if torch.is_tensor(v)})
+    return out
 
 
 def test_running_totals_name_the_first_bad_step():
@@ -136,9 +146,9 @@ def test_running_totals_name_the_first_bad_step():
     for step, value in enumerate([1.0, 2.0, math.nan, 3.0, math.inf]):
         loss = torch.tensor(value)
         totals.add(loss, torch.isfinite(loss), step)
-    assert totals.read() == (6.0, 2)
+    assert totals.read() == (6.0, 2, 2)
     totals.reset()
-    assert totals.read() == (0.0, -1)
+    assert totals.read() == (0.0, -1, 0)
 
 
 # ------------------------------------------------------------------------------------------ data on the device

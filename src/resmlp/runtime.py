@@ -62,6 +62,15 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return device
 
 
+def canonical_device(device: torch.device | str) -> torch.device:
+    """`cuda` -> `cuda:N` (the current GPU), so that one device compares equal to itself: tensors always carry
+    the index, and a cache keyed by an unindexed device would miss every time."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def init_distributed(device_name: str = "auto") -> DistInfo:
     """Join the torchrun process group when launched by torchrun (WORLD_SIZE > 1), else single process."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -9,6 +9,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from resmlp.runtime import canonical_device
+
 
 class ArrayDataset(Dataset):
     """uint8 images (N, H, W) or (N, H, W, 3) with integer labels; yields (transform(PIL image), label).
@@ -55,6 +57,7 @@ class ArrayDataset(Dataset):
     def on_device(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(images, labels) as tensors on `device`, copied there once and kept: whole-batch augmentation then
         indexes them where the model runs, and no image crosses the bus again."""
+        device = canonical_device(device)  # `cuda` and `cuda:0` are one device: one copy
         cached = getattr(self, "_device_copy", None)
         if cached is None or cached[0].device != device:
             cached = (torch.from_numpy(self.images).to(device), torch.from_numpy(self.labels).to(device))

@@ -56,6 +56,7 @@ class BatchAugment:
                              f"ratio={ratio}")
         self.img_size, self.in_chans = img_size, in_chans
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+        self.luminance = torch.tensor(LUMINANCE).view(1, 3, 1, 1)  # RGB -> grey, moved with the images once
         self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
         self.scale, self.log_ratio = scale, (math.log(ratio[0]), math.log(ratio[1]))
         self.ratio, self.hflip, self.mode, self.after = ratio, hflip, GRID_MODES[interpolation], after
@@ -101,7 +102,9 @@ class BatchAugment:
         x = images.float()
         x = x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)
         if x.shape[1] == 3 and self.in_chans == 1:
-            x = (x * torch.tensor(LUMINANCE, device=x.device).view(1, 3, 1, 1)).sum(1, keepdim=True)
+            if self.luminance.device != x.device:
+                self.luminance = self.luminance.to(x.device)
+            x = (x * self.luminance).sum(1, keepdim=True)
         elif x.shape[1] == 1 and self.in_chans == 3:
             x = x.expand(-1, 3, -1, -1)
         return x

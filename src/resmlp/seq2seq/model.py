@@ -365,7 +365,9 @@ class TransformerSeq2Seq(Seq2SeqBase):
         n = tgt_in.shape[1]
         causal = torch.ones(n, n, dtype=torch.bool, device=tgt_in.device).triu(1)  # True = blocked
         x = self.embed_drop(self.positions(self.tgt_embed(tgt_in) * self.embed_scale))
-        x = self.decoder(x, memory.out, tgt_mask=causal, memory_key_padding_mask=memory.pad_mask)
+        # tgt_is_causal: torch then trusts the mask is causal instead of checking it (a host read per call)
+        x = self.decoder(x, memory.out, tgt_mask=causal, tgt_is_causal=True,
+                         memory_key_padding_mask=memory.pad_mask)
         return self.logits(x)
 
     def init_state(self, memory: Memory) -> TransformerState:

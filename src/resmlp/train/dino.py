@@ -119,7 +119,7 @@ class DINOLoss(nn.Module):
     @torch.no_grad()
     def update_center(self, teacher_out: torch.Tensor) -> None:
         batch_center = teacher_out.float().sum(dim=0, keepdim=True)
-        count = torch.tensor(float(len(teacher_out)), device=teacher_out.device)
+        count = batch_center.new_full((), len(teacher_out))  # filled on the device: no copy from the host
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(batch_center)
             dist.all_reduce(count)

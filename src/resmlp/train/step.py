@@ -4,7 +4,8 @@
   log interval (`read`) instead of once per step.
 - `UpdateGuard`: the optimizer step skips its own update on the device when the loss or the gradients are not
   finite (as GradScaler skips fp16 steps, but without reading the verdict on the host): the parameters and the
-  optimizer state are put back as they were before the step. The run stops at the next read, naming the step.
+  optimizer state, step counters included, are put back as they were before the step. The run stops at the
+  next read, naming the step.
 - `CompileChoice`: `train.compile: auto` measures the eager step, then compiles when the rest of the run is
   long enough to pay for the compilation.
 
@@ -35,37 +36,59 @@ class RunningTotals:
     def __init__(self, device: torch.device) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)
+        self.bad_steps = torch.zeros((), dtype=torch.int64, device=device)
 
     def add(self, step_loss: torch.Tensor, finite: torch.Tensor, global_step: int) -> None:
         """A step's loss (only when finite: the epoch's mean stays readable) and its verdict."""
         self.loss_sum += torch.where(finite, step_loss.double(), 0.0)
         self.first_bad_step.copy_(torch.where((self.first_bad_step < 0) & ~finite, global_step,
                                               self.first_bad_step))
+        self.bad_steps += ~finite
 
-    def read(self) -> tuple[float, int]:
-        """(loss sum, first non-finite global step or -1): one host read for both."""
-        loss_sum, first_bad = torch.stack([self.loss_sum, self.first_bad_step.double()]).tolist()
-        return loss_sum, int(first_bad)
+    def read(self) -> tuple[float, int, int]:
+        """(loss sum, first non-finite global step or -1, non-finite steps): one host read for all three."""
+        loss_sum, first_bad, bad = torch.stack([self.loss_sum, self.first_bad_step.double(),
+                                                self.bad_steps.double()]).tolist()
+        return loss_sum, int(first_bad), int(bad)
 
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.first_bad_step.fill_(-1)
+        self.bad_steps.zero_()
 
 
 class UpdateGuard:
-    """Undo, on the device, an optimizer step taken with a non-finite loss or gradient."""
+    """Undo, on the device, an optimizer step taken with a non-finite loss or gradient.
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
+    Every parameter and floating-point optimizer-state tensor on the training device (moments, and the step
+    counters where torch keeps them there: capturable AdamW, see `optimizer_options`) is copied before the step
+    and put back where the verdict `ok` is False, with no host read. Counters the optimizer keeps on the host
+    while training on a GPU (timm LAMB's `param_groups[i]["step"]`, a CPU tensor it reads for bias correction)
+    cannot be put back without reading the verdict: `undo_host_counters` does it at the trainer's next read,
+    which is a host read anyway and stops the run (steps in between see a counter one ahead per skipped step;
+    the run ends there, so nothing trained with it is kept).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        self.model, self.optimizer, self.device = model, optimizer, device
         self.backup: list[torch.Tensor] = []
         self._with_state = 0  # parameters the optimizer held state for after the last step
 
-    def _tensors(self) -> list[torch.Tensor]:
-        """Every parameter and floating-point optimizer-state tensor (moments, step counts)."""
-        tensors = [p.data for p in self.model.parameters()]
-        for state in self.optimizer.state.values():
-            tensors += [v for v in state.values() if torch.is_tensor(v) and v.is_floating_point()]
+    def _on_device(self, tensor: object) -> bool:
+        return torch.is_tensor(tensor) and tensor.is_floating_point() and tensor.device == self.device
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        tensors = [v for state in self.optimizer.state.values() for v in state.values()]
+        tensors += [group["step"] for group in self.optimizer.param_groups if "step" in group]
         return tensors
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every parameter and floating-point optimizer-state tensor on the training device."""
+        return [p.data for p in self.model.parameters()] + [t for t in self._state_tensors() if self._on_device(t)]
+
+    def host_counters(self) -> list[torch.Tensor]:
+        """Optimizer tensors kept on the host while the run is on another device (LAMB's step counts)."""
+        return [t for t in self._state_tensors() if torch.is_tensor(t) and t.device != self.device]
 
     def before_step(self) -> list[torch.Tensor]:
         tensors = self._tensors()
@@ -89,6 +112,18 @@ class UpdateGuard:
             for tensor in after:
                 if tensor.data_ptr() not in seen:
                     torch.where(ok, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device), out=tensor)
+
+    def undo_host_counters(self, skipped_steps: int) -> None:
+        """Take back the `skipped_steps` advances of the host-side step counters (read by the caller)."""
+        for counter in self.host_counters():
+            counter.sub_(skipped_steps)
+
+
+def optimizer_options(name: str, device: torch.device) -> dict[str, object]:
+    """Extra keyword arguments for timm's optimizer factory on `device`. On a GPU, AdamW is made capturable:
+    torch then keeps its step counters on the device (not the host), computes the bias correction there, and
+    UpdateGuard can put them back with the rest of the state without reading the verdict."""
+    return {"capturable": True} if name == "adamw" and device.type == "cuda" else {}
 
 
 def all_finite(loss: torch.Tensor, grad_norm: torch.Tensor | None) -> torch.Tensor:

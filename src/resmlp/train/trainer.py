@@ -43,7 +43,14 @@ from resmlp.runtime import (
 from resmlp.train.config import TrainConfig
 from resmlp.train.outputs import checkpoint_metadata, run_summary, score_test_split, side_outputs
 from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
-from resmlp.train.step import CompileChoice, RunningTotals, UpdateGuard, all_finite, total_grad_norm
+from resmlp.train.step import (
+    CompileChoice,
+    RunningTotals,
+    UpdateGuard,
+    all_finite,
+    optimizer_options,
+    total_grad_norm,
+)
 from resmlp.train.tasks import Task
 
 
@@ -88,7 +95,7 @@ class Trainer:
         if info.enabled:
             ids = [device.index] if device.type == "cuda" else None
             self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
-        self.guard = UpdateGuard(self.model, self.optimizer)
+        self.guard = UpdateGuard(self.model, self.optimizer, device)
         self.totals = RunningTotals(device)  # on the device; read once per log interval
         self._loader: DataLoader | None = None  # built once: its workers persist across epochs
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
@@ -110,7 +117,8 @@ class Trainer:
         # layer_decay: timm's layer-wise lr decay over model.group_matcher(); frozen parameters are left out
         self.optimizer = create_optimizer_v2(self.model, opt=opt_name, lr=self.lr,
                                              weight_decay=cfg.optim.weight_decay, momentum=cfg.optim.momentum,
-                                             filter_bias_and_bn=True, layer_decay=cfg.optim.layer_decay)
+                                             filter_bias_and_bn=True, layer_decay=cfg.optim.layer_decay,
+                                             **optimizer_options(opt_name, self.info.device))
         s = cfg.schedule
         self.scheduler, _ = create_scheduler_v2(
             self.optimizer, sched=s.name, num_epochs=s.epochs, decay_epochs=s.decay_epochs, decay_rate=s.decay_rate,
@@ -178,8 +186,10 @@ class Trainer:
 
     def _read(self, bar, images_seen: int, epoch_start: float) -> None:
         """The one host read of a log interval: the loss sum and the first non-finite step (then stop)."""
-        loss_sum, first_bad = self.totals.read()
+        loss_sum, first_bad, bad_steps = self.totals.read()
         if first_bad >= 0:
+            if self.scaler is None:  # fp16: the GradScaler skipped those steps before the optimizer ran
+                self.guard.undo_host_counters(bad_steps)
             self._stop_non_finite(f"the loss or gradients became NaN/infinite at {self._where(first_bad)}")
         self.epoch_totals[0] = self.loss_before + loss_sum
         steps = self.step_in_epoch - self.steps_at_read
