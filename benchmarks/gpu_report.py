@@ -254,7 +254,8 @@ def part_lines(name: str, part: dict[str, object]) -> list[str]:
         return ["| key | value |", "|---|---|"] + [f"| {k} | {fmt(v)} |" for k, v in part["summary"].items()] + [""]
     if name == "guard":
         rows = part.get("results") or []
-        head = ["| optimizer | plain ms | guarded ms | guarded/plain | copy MiB | params MiB | peak MiB plain→guarded |",
+        head = ["| optimizer | plain ms | guarded ms | guarded/plain | copy MiB | params MiB | "
+                "peak MiB plain→guarded |",
                 "|---|---|---|---|---|---|---|"]
         return head + [f"| {r['optimizer']} | {fmt(r['plain_ms'])} | {fmt(r['guarded_ms'])} | "
                        f"{fmt(r['guarded_over_plain'])} | {fmt(r['guard_copy_mib'])} | {fmt(r['parameter_mib'])} | "
@@ -269,7 +270,8 @@ def part_lines(name: str, part: dict[str, object]) -> list[str]:
             if key.startswith("batch"):
                 out += [f"**{key}** `{sub['command']}`", "", "| variant | img/s |", "|---|---|"]
                 out += [f"| {k} | {fmt(v)} |" for k, v in sub["img_s"].items()]
-                out += ["", "| ratio | median |", "|---|---|"] + [f"| {k} | {fmt(v)} |" for k, v in sub["ratios"].items()]
+                out += ["", "| ratio | median |", "|---|---|"]
+                out += [f"| {k} | {fmt(v)} |" for k, v in sub["ratios"].items()]
                 out.append("")
         return out
     if name in ("inference", "pipeline"):
@@ -279,7 +281,9 @@ def part_lines(name: str, part: dict[str, object]) -> list[str]:
 
 def write_report(report: dict[str, object], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for path, text in ((out / "gpu_report.json", json.dumps(report, indent=2)), (out / "gpu_report.md", markdown(report))):
+    texts = {"gpu_report.json": json.dumps(report, indent=2), "gpu_report.md": markdown(report)}
+    for name, text in texts.items():
+        path = out / name
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text)
         tmp.replace(path)

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     kd.add_argument("--distill-alpha", type=float, help="soft distillation: weight of the KL term (= distill.alpha)")
     kd.add_argument("--distill-tau", type=float, help="soft distillation: temperature (= distill.tau)")
     kd.add_argument("--distill-cache", action="store_true", default=None,
-                    help="run the teacher once per distinct image (fixed augmentation only; = distill.cache)")
+                    help="run the teacher once per distinct image (fixed augmentation only; on a GPU each step "
+                         "waits for the host to hash the batch; = distill.cache)")
     p.add_argument("--initial-checkpoint", metavar="CKPT",
                    help="start from this checkpoint (= model.name; the finetune task, see `resmlp finetune`)")
     p.set_defaults(run=run_train)

@@ -88,7 +88,7 @@ class BatchAugment:
         grid = F.affine_grid(theta, [len(x), x.shape[1], self.img_size, self.img_size], align_corners=False)
         x = F.grid_sample(x, grid, mode=self.mode, padding_mode="border", align_corners=False)
         if self.mean.device != device:  # once: the statistics then live where the images are
-            self.mean, self.std = self.mean.to(device), self.std.to(device)
+            self.mean, self.std = copy_to(self.mean, device), copy_to(self.std, device)
         x = (x.clamp(0, 255) / 255 - self.mean) / self.std
         if self.erase is not None:
             if device.type == "cpu":
@@ -103,7 +103,7 @@ class BatchAugment:
         x = x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)
         if x.shape[1] == 3 and self.in_chans == 1:
             if self.luminance.device != x.device:
-                self.luminance = self.luminance.to(x.device)
+                self.luminance = copy_to(self.luminance, x.device)
             x = (x * self.luminance).sum(1, keepdim=True)
         elif x.shape[1] == 1 and self.in_chans == 3:
             x = x.expand(-1, 3, -1, -1)

@@ -96,6 +96,7 @@ class DistillationLoss:
         if self.cache is None:
             self.teacher_images += len(images)
             return self.teacher(images).float()
+        # the host wait of the cache (documented at distill.cache): the keys are hashes of the pixels
         pixels = images.detach().float().cpu().contiguous().flatten(1).numpy()
         keys = [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in pixels]
         missing = [i for i, key in enumerate(keys) if key not in self.cache]

@@ -87,7 +87,9 @@ class DistillConfig:
     weights: str | None = None  # weights file for a timm:/torchvision: teacher
     allow_random_teacher: bool = False  # a timm:/torchvision: teacher without weights is refused unless this is set
     # keep each distinct training image's teacher output (in memory, keyed by its pixels): pays off when the
-    # augmentation yields few distinct images (no crops, erasing, Mixup/CutMix, RandAugment; flips allowed)
+    # augmentation yields few distinct images (no crops, erasing, Mixup/CutMix, RandAugment; flips allowed).
+    # On a GPU it makes every step wait for the host: the batch is hashed there (its pixels copied back) and
+    # the cached outputs copied up; worth it only when the teacher costs far more than that copy
     cache: bool = False
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from resmlp.runtime import canonical_device
+
 # what a compilation costs: the quickstart's first epoch ran 1-16 s longer than its others on a 2-core AVX-512
 # BF16 CPU in bf16 (inductor's cache warm or cold; docs/benchmarks.md); on an H100 18.5 s (default mode) and 7.6 s
 # (CUDA graphs) (shared/measurements/gpu-h100-2026-11-24.md). `auto` compiles when the eager estimate of the
@@ -31,29 +33,30 @@ TIMED_STEPS = 6  # eager steps timed by `auto` (after two warm-up steps)
 
 
 class RunningTotals:
-    """Loss sum and first non-finite step of the current epoch, on the device until `read`."""
+    """Loss sum and first non-finite step of the current epoch, on the device until `read`. Every total is zero
+    when nothing went wrong (the first bad step is kept as step + 1), so a fresh epoch is all zeros."""
 
     def __init__(self, device: torch.device) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)
+        self.first_bad_step_plus_one = torch.zeros((), dtype=torch.int64, device=device)
         self.bad_steps = torch.zeros((), dtype=torch.int64, device=device)
 
     def add(self, step_loss: torch.Tensor, finite: torch.Tensor, global_step: int) -> None:
         """A step's loss (only when finite: the epoch's mean stays readable) and its verdict."""
         self.loss_sum += torch.where(finite, step_loss.double(), 0.0)
-        self.first_bad_step.copy_(torch.where((self.first_bad_step < 0) & ~finite, global_step,
-                                              self.first_bad_step))
+        first = self.first_bad_step_plus_one
+        first.copy_(torch.where((first == 0) & ~finite, global_step + 1, first))
         self.bad_steps += ~finite
 
     def read(self) -> tuple[float, int, int]:
         """(loss sum, first non-finite global step or -1, non-finite steps): one host read for all three."""
-        loss_sum, first_bad, bad = torch.stack([self.loss_sum, self.first_bad_step.double(),
-                                                self.bad_steps.double()]).tolist()
-        return loss_sum, int(first_bad), int(bad)
+        loss_sum, first_plus_one, bad = torch.stack([self.loss_sum, self.first_bad_step_plus_one.double(),
+                                                     self.bad_steps.double()]).tolist()
+        return loss_sum, int(first_plus_one) - 1, int(bad)
 
     def reset(self) -> None:
         self.loss_sum.zero_()
-        self.first_bad_step.fill_(-1)
+        self.first_bad_step_plus_one.zero_()
         self.bad_steps.zero_()
 
 
@@ -70,8 +73,10 @@ class UpdateGuard:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-        self.model, self.optimizer, self.device = model, optimizer, device
+        self.model, self.optimizer = model, optimizer
+        self.device = canonical_device(device)  # tensors say `cuda:0`; an unindexed `cuda` would match none
         self.backup: list[torch.Tensor] = []
+        self._state_ids: set[int] = set()  # the optimizer-state tensors that existed before the last step
         self._with_state = 0  # parameters the optimizer held state for after the last step
 
     def _on_device(self, tensor: object) -> bool:
@@ -88,12 +93,15 @@ class UpdateGuard:
 
     def host_counters(self) -> list[torch.Tensor]:
         """Optimizer tensors kept on the host while the run is on another device (LAMB's step counts)."""
-        return [t for t in self._state_tensors() if torch.is_tensor(t) and t.device != self.device]
+        if self.device.type == "cpu":
+            return []
+        return [t for t in self._state_tensors() if torch.is_tensor(t) and t.device.type == "cpu"]
 
     def before_step(self) -> list[torch.Tensor]:
         tensors = self._tensors()
         if len(self.backup) != len(tensors):  # the first step creates the optimizer's state; then it stays
             self.backup = [torch.empty_like(t) for t in tensors]
+            self._state_ids = {id(t) for t in self._state_tensors()}  # state objects persist across steps
         if tensors:
             torch._foreach_copy_(self.backup, tensors)
         return tensors
@@ -106,12 +114,9 @@ class UpdateGuard:
         if len(self.optimizer.state) == self._with_state:  # no parameter got its first state in this step
             return
         self._with_state = len(self.optimizer.state)
-        after = self._tensors()
-        if len(after) != len(before):
-            seen = {t.data_ptr() for t in before}  # by storage: `p.data` is a new tensor object at every call
-            for tensor in after:
-                if tensor.data_ptr() not in seen:
-                    torch.where(ok, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device), out=tensor)
+        for tensor in self._state_tensors():
+            if id(tensor) not in self._state_ids and self._on_device(tensor):
+                torch.where(ok, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device), out=tensor)
 
     def undo_host_counters(self, skipped_steps: int) -> None:
         """Take back the `skipped_steps` advances of the host-side step counters (read by the caller)."""
