@@ -30,7 +30,7 @@ from resmlp.train.step import RunningTotals, UpdateGuard, all_finite, optimizer_
 
 # tiny runs: 32 training images, batch 8 -> 4 steps an epoch, 2 epochs (a per-epoch copy shows twice)
 COMMON = {
-    "data.kind": "synthetic", "data.synthetic_size": [32, 8], "data.synthetic_classes": 3, "data.num_workers": 0,
+    "data.kind": "synthetic", "data.synthetic_size": [32, 8], "data.synthetic_classes": 4, "data.num_workers": 0,
     "data.crop_pct": 1.0, "data.scale": [0.6, 1.0], "data.hflip": 0.5, "model.img_size": 16,
     "model.patch_size": 8, "model.dim": 16, "model.depth": 2, "schedule.epochs": 2, "schedule.warmup_epochs": 0,
     "train.batch_size": 8, "train.progress": False, "train.threads": 1, "train.compile": False,
@@ -62,7 +62,7 @@ def run_cli(argv: list[str], overrides: dict, capsys) -> Ledger:
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("fake_cuda") / "tiny.safetensors"
-    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=8, in_chans=1, num_classes=3, dim=16, depth=2)
+    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=8, in_chans=1, num_classes=4, dim=16, depth=2)
     resmlp.save(model, path)
     return path
 
@@ -212,3 +212,91 @@ def test_rgb_to_grey_batch_augmentation_copies_its_constants_once():
     assert is_fake_cuda(out) and out.shape == (4, 1, 16, 16)
     assert [e for e in ledger.events if e.kind != "read"] == []  # constants and crop boxes: pinned copies
     assert [e.site() for e in ledger.events] == []
+
+
+# ------------------------------------------------------------------------------------------ evaluation, inference
+def test_eval_on_the_gpu_reads_the_device_once(tmp_path, tiny_checkpoint):
+    from resmlp.evaluation import evaluate
+
+    with fake_cuda() as ledger:  # resmlp eval, with its loader in this process (workers are out of reach)
+        summary = evaluate(tiny_checkpoint, data="synthetic", device="cuda", batch_size=16, num_workers=0,
+                           output=tmp_path / "eval")
+    assert summary["device"].startswith("cuda")
+    reads = [e for e in ledger.events if e.kind == "read"]
+    assert [e.site().split(":")[1] for e in reads] == ["classify"]
+
+
+def test_optimize_and_predict_run_on_the_gpu_with_one_read_per_batch(tiny_checkpoint):
+    from resmlp.inference import optimize, predict
+
+    model = resmlp.load(tiny_checkpoint)
+    with fake_cuda() as ledger:
+        for precision in ("fp32", "bf16"):
+            fast = optimize(model, precision).to("cuda")
+            images = torch.zeros(4, 1, 16, 16).pin_memory().to("cuda", non_blocking=True)
+            ledger.clear()
+            probs, classes = predict(fast, images, top_k=2)
+            assert is_fake_cuda(probs) and is_fake_cuda(classes) and probs.shape == (4, 2)
+            assert [e.kind for e in ledger.events] == ["read"]  # the NaN check, one per batch
+
+
+def test_the_knn_vote_stays_on_the_gpu():
+    from resmlp.train.probe import extract_features, knn_accuracy
+
+    features = torch.nn.Flatten().to("cuda")
+    batches = [(torch.zeros(6, 2, 2), torch.arange(6) % 3) for _ in range(3)]
+    with fake_cuda() as ledger:
+        train_x, train_y = extract_features(features, batches, "cuda")
+        assert is_fake_cuda(train_x) and is_fake_cuda(train_y) and train_x.shape == (18, 4)
+        knn_accuracy(train_x, train_y, train_x, train_y, k=3, chunk=4)
+    assert [e.kind for e in ledger.events if e.kind != "read"] == []  # batches copied up pinned, nothing back
+    assert len([e for e in ledger.events if e.kind == "read"]) == 2  # the class count and the final vote
+
+
+# ------------------------------------------------------------------------------------------ translation
+@pytest.fixture(scope="module")
+def number_corpus(tmp_path_factory) -> Path:
+    from num2words import num2words
+
+    root = tmp_path_factory.mktemp("corpus")
+    for split, numbers in {"train": range(0, 120), "valid": range(200, 206), "test": range(210, 214)}.items():
+        for lang in ("en", "fr"):
+            (root / f"{split}.{lang}").write_text("".join(num2words(n, lang=lang) + "\n" for n in numbers),
+                                                  encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize("arch", ["resmlp", "transformer"])
+def test_the_translation_trainer_reads_once_per_log_interval(tmp_path, number_corpus, arch):
+    from resmlp.seq2seq.train import TranslationConfig, train_translation
+
+    cfg = TranslationConfig(output=str(tmp_path / "run"), data=str(number_corpus), src_suffix="en", tgt_suffix="fr",
+                            preset="tiny", model_overrides={"max_len": 24}, vocab_size=120, max_tokens=256,
+                            optimizer="adam", lr=3e-3, warmup_steps=2, max_steps=8, eval_every=4, log_every=4,
+                            beam=2, progress=False, device="cuda", precision="bf16", arch=arch)
+    with fake_cuda() as ledger:
+        summary = train_translation(cfg)
+    assert summary["steps"] == 8
+    in_loop = ledger.inside("_train", allowed=("validation_loss", "save_checkpoint", "evaluate_translation"))
+    assert [e.kind for e in in_loop if e.kind != "unpinned-host-to-device"] == ["read", "read"]  # per log interval
+    assert {e.site() for e in in_loop if e.kind == "unpinned-host-to-device"} == {
+        "resmlp.seq2seq.train:_train"}  # the model's weights going up once; batches go pinned (no event)
+    per_validation = Counter(e.kind for e in ledger.inside("validation_loss"))
+    assert per_validation == {"read": 2}  # 2 validations, one read each
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_decoding_reads_once_per_step_and_copies_nothing(beam):
+    from resmlp.seq2seq.decoding import beam_search, greedy
+    from resmlp.seq2seq.model import build_translation_model, translation_model_config
+
+    torch.manual_seed(0)
+    model = build_translation_model(translation_model_config("tiny", 30, arch="resmlp", max_len=6)).eval()
+    with fake_cuda() as ledger:
+        model = model.to("cuda")
+        src = torch.randint(3, 30, (2, 5)).pin_memory().to("cuda", non_blocking=True)
+        ledger.clear()
+        out = greedy(model, src) if beam == 1 else beam_search(model, src, beam=beam)
+    assert len(out) == 2
+    kinds = Counter(e.kind for e in ledger.events)
+    assert kinds == {"read": 6 + 1}  # the stop test of each of max_len steps, then the result

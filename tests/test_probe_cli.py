@@ -50,8 +50,8 @@ def test_feature_precision_is_the_one_asked_for_and_fp32_matches_the_plain_model
     feats, got_labels = extract_features(optimize_features(model), batches)
     with torch.no_grad():
         want = model.forward_head(model.forward_features(images), pre_logits=True)
-    np.testing.assert_allclose(feats, want.numpy(), atol=1e-4)
-    assert (got_labels == labels.numpy()).all() and model.training is False
+    np.testing.assert_allclose(feats.numpy(), want.numpy(), atol=1e-4)
+    assert torch.equal(got_labels, labels) and model.training is False
     meta = {"preprocess": {"img_size": 16, "crop_pct": 1.0, "interpolation": "bicubic", "mean": [0.5],
                            "std": [0.25], "in_chans": 1}}
     resmlp.save(model, tmp_path / "m.safetensors", meta)

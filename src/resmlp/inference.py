@@ -285,7 +285,7 @@ def predict(model: nn.Module, images: torch.Tensor, top_k: int = 5) -> tuple[tor
     """
     logits = model(images).float()
     finite = torch.isfinite(logits).all(dim=-1)
-    if not bool(finite.all()):
+    if bool((~finite).any()):  # the one read of a batch
         raise CheckpointError(f"the model gave NaN/infinite logits for {int((~finite).sum())} of {len(logits)} "
                               "image(s); its weights are broken or overflow in this precision: use float32 or "
                               "another checkpoint")

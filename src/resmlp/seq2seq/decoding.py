@@ -62,20 +62,24 @@ def beam_search(
     Each sentence keeps its `beam` best finished hypotheses and stops once no active beam can still beat
     the worst of them (its log-probability only falls; the bound takes the most favourable final length),
     so unlikely hypotheses that end early cannot crowd out a likely longer one. The best normalised wins.
+    All bookkeeping stays on the model's device: one host read per step (has every sentence stopped?) and
+    one for the result.
     """
     check_beam(beam)
     cfg = model.config
-    b, k = src.shape[0], beam
-    memory = model.encode(src)
-    flat = torch.arange(b, device=src.device).repeat_interleave(k)
-    state = model.init_state(memory.reorder(flat))
-    scores = torch.zeros(b, k, device=src.device)
-    scores[:, 1:] = float("-inf")  # all beams start identical: keep one so the first step has no duplicates
-    tokens = torch.full((b * k,), cfg.bos_id, dtype=torch.long, device=src.device)
-    prefixes = torch.zeros(b * k, 0, dtype=torch.long, device=src.device)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
-    done = [False] * b
+    b, k, device = src.shape[0], beam, src.device
     limit = _limit(model, max_len)
+    memory = model.encode(src)
+    state = model.init_state(memory.reorder(torch.arange(b, device=device).repeat_interleave(k)))
+    scores = torch.zeros(b, k, device=device)
+    scores[:, 1:] = float("-inf")  # all beams start identical: keep one so the first step has no duplicates
+    tokens = torch.full((b * k,), cfg.bos_id, dtype=torch.long, device=device)
+    prefixes = torch.zeros(b * k, 0, dtype=torch.long, device=device)
+    # the k best finished hypotheses of each sentence, best first: normalised score, tokens (EOS-padded)
+    finished_score = torch.full((b, k), float("-inf"), device=device)
+    finished_tokens = torch.full((b, k, limit), cfg.eos_id, dtype=torch.long, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    rows = torch.arange(b, device=device)[:, None]
     for t in range(limit):
         logp = F.log_softmax(model.step(tokens, state).float(), dim=-1)
         vocab = logp.shape[-1]
@@ -86,36 +90,53 @@ def beam_search(
         cand = (scores.unsqueeze(-1) + logp.view(b, k, vocab)).view(b, k * vocab)
         top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
         origin, token = top_idx // vocab, top_idx % vocab
-        keep_origin = torch.zeros(b, k, dtype=torch.long)
-        keep_token = torch.full((b, k), cfg.eos_id, dtype=torch.long)
-        keep_score = torch.full((b, k), float("-inf"))
-        for i in range(b):
-            if done[i]:
-                continue
-            n = 0
-            ranked = zip(top_scores[i].tolist(), origin[i].tolist(), token[i].tolist(), strict=True)
-            for rank, (score, o, tok) in enumerate(ranked):
-                if score == float("-inf") or n == k:
-                    break
-                if tok == cfg.eos_id:
-                    # only an EOS among the k best candidates ends a hypothesis (fairseq, Hugging Face): the
-                    # other k candidates are there to refill the beams
-                    if rank < k:
-                        finished[i].append((score / (t + 1) ** lenpen, prefixes[i * k + o].tolist()))
-                        finished[i] = sorted(finished[i], key=lambda h: h[0], reverse=True)[:k]
-                else:
-                    keep_origin[i, n], keep_token[i, n], keep_score[i, n] = o, tok, score
-                    n += 1
-            done[i] = len(finished[i]) >= k and finished[i][-1][0] >= _best_reachable(
-                keep_score[i, 0].item(), t + 2, limit, lenpen)
-        if all(done):
+        live = (top_scores > float("-inf")) & ~done[:, None]
+        is_eos = token == cfg.eos_id
+        # only an EOS among the k best candidates ends a hypothesis (fairseq, Hugging Face): the other k
+        # candidates are there to refill the beams
+        ends = live & is_eos & (torch.arange(top_idx.shape[1], device=device) < k)
+        finished_score, finished_tokens = _keep_best_finished(
+            finished_score, finished_tokens, torch.where(ends, top_scores / (t + 1) ** lenpen, float("-inf")),
+            prefixes.view(b, k, t).gather(1, origin[:, :, None].expand(-1, -1, t)), cfg.eos_id, k)
+        # the k first live candidates that do not end go on, in rank order
+        goes_on = live & ~is_eos
+        slot = torch.where(goes_on, goes_on.long().cumsum(1) - 1, k)  # k: dropped
+        keep_origin = torch.zeros(b, k + 1, dtype=torch.long, device=device)
+        keep_token = torch.full((b, k + 1), cfg.eos_id, dtype=torch.long, device=device)
+        keep_score = torch.full((b, k + 1), float("-inf"), device=device)
+        slot = slot.clamp(max=k)
+        keep_origin.scatter_(1, slot, torch.where(goes_on, origin, 0))
+        keep_token.scatter_(1, slot, torch.where(goes_on, token, cfg.eos_id))
+        keep_score.scatter_(1, slot, torch.where(goes_on, top_scores, float("-inf")))
+        keep_origin, keep_token = keep_origin[:, :k].contiguous(), keep_token[:, :k].contiguous()
+        keep_score = keep_score[:, :k].contiguous()
+        bound = keep_score[:, 0] / float(limit if lenpen > 0 else t + 2) ** lenpen  # _best_reachable
+        done |= (finished_score[:, -1] > float("-inf")) & (finished_score[:, -1] >= bound)
+        if bool(done.all()):  # the one host read of a step
             break
-        index = (torch.arange(b)[:, None] * k + keep_origin).view(-1).to(src.device)
+        index = (rows * k + keep_origin).view(-1)
         state.reorder(index)
-        prefixes = torch.cat([prefixes.index_select(0, index), keep_token.view(-1, 1).to(src.device)], 1)
-        tokens = keep_token.view(-1).to(src.device)
-        scores = keep_score.to(src.device)
-    return [max(f, key=lambda h: h[0])[1] if f else [] for f in finished]
+        prefixes = torch.cat([prefixes.index_select(0, index), keep_token.view(-1, 1)], 1)
+        tokens = keep_token.view(-1)
+        scores = keep_score
+    best = torch.cat([finished_score[:, :1].double(), finished_tokens[:, 0].double()], 1).tolist()  # one read
+    return [_until_eos([int(v) for v in row[1:]], cfg.eos_id) if row[0] > float("-inf") else [] for row in best]
+
+
+def _keep_best_finished(scores: torch.Tensor, tokens: torch.Tensor, new_scores: torch.Tensor,
+                        new_prefixes: torch.Tensor, eos: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best of the kept and the newly finished hypotheses (their prefixes, EOS-padded), best first;
+    among equal scores the earlier first (a stable sort, as Python's sorted)."""
+    new_tokens = tokens.new_full((*new_prefixes.shape[:2], tokens.shape[2]), eos)
+    new_tokens[:, :, : new_prefixes.shape[2]] = new_prefixes
+    all_scores = torch.cat([scores, new_scores], 1)
+    order = all_scores.sort(dim=1, descending=True, stable=True).indices[:, :k]
+    all_tokens = torch.cat([tokens, new_tokens], 1)
+    return all_scores.gather(1, order), all_tokens.gather(1, order[:, :, None].expand(-1, -1, tokens.shape[2]))
+
+
+def _until_eos(row: list[int], eos: int) -> list[int]:
+    return row[: row.index(eos)] if eos in row else row
 
 
 def _best_reachable(logp: float, shortest: int, longest: int, lenpen: float) -> float:

@@ -34,6 +34,7 @@ from resmlp.runtime import (
     all_reduce_sum,
     autocast,
     barrier,
+    copy_to,
     grad_scaler,
     init_distributed,
     process_settings,
@@ -111,7 +112,7 @@ def _any_rank(flag: bool, info: DistInfo) -> bool:
 
 
 def _on(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return tuple(t.to(device, non_blocking=True) for t in tensors)
+    return tuple(copy_to(t, device) for t in tensors)  # through page-locked memory: the host does not wait
 
 
 # ---------------------------------------------------------------------------------- optimisation
@@ -252,16 +253,17 @@ def scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
 @torch.no_grad()
 def validation_loss(model: nn.Module, src_ids, tgt_ids, max_tokens: int, device: torch.device, amp: str) -> float:
     model.eval()
-    total, count = 0.0, 0
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     loss_fn = nn.CrossEntropyLoss(ignore_index=0, reduction="sum")
     for batch in token_batches([len(s) for s in src_ids], [len(t) for t in tgt_ids], max_tokens, 0):
-        src, tgt_in, tgt_out = _on(device, *collate([src_ids[i] for i in batch], [tgt_ids[i] for i in batch]))
+        batch_tensors = collate([src_ids[i] for i in batch], [tgt_ids[i] for i in batch])
+        count += int(batch_tensors[2].ne(0).sum())  # counted on the host, before the copy
+        src, tgt_in, tgt_out = _on(device, *batch_tensors)
         with autocast(device, amp):
             logits = model(src, tgt_in)
-        total += loss_fn(logits.float().flatten(0, 1), tgt_out.flatten()).item()
-        count += int(tgt_out.ne(0).sum())
+        total += loss_fn(logits.float().flatten(0, 1), tgt_out.flatten()).double()
     model.train()
-    return total / max(1, count)
+    return total.item() / max(1, count)  # the one read of the validation
 
 
 def _prepare_data(cfg: TranslationConfig, out: Path, info: DistInfo) -> Path:
@@ -344,7 +346,8 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     bar = tqdm(total=cfg.max_steps, initial=step, desc="train", unit="step", file=sys.stderr,
                dynamic_ncols=True, disable=not (cfg.progress and info.is_main))
     model.train()
-    started, tokens_seen, loss_sum, loss_n = time.time() - seconds, 0, 0.0, 0
+    started, tokens_seen, loss_n = time.time() - seconds, 0, 0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # read once per log interval
     window_start, stop = time.time(), False
     with bar:
         while not stop:
@@ -354,8 +357,9 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
             for position, batch in enumerate(batches):
                 if position < skip:  # trained on before the interruption
                     continue
-                src, tgt_in, tgt_out = _on(device, *collate([src_ids[i] for i in batch],
-                                                             [tgt_ids[i] for i in batch]))
+                batch_tensors = collate([src_ids[i] for i in batch], [tgt_ids[i] for i in batch])
+                tokens_seen += int(batch_tensors[2].ne(0).sum())  # counted on the host, before the copy
+                src, tgt_in, tgt_out = _on(device, *batch_tensors)
                 with autocast(device, amp):
                     logits = net(src, tgt_in)
                 loss = loss_fn(logits.float().flatten(0, 1), tgt_out.flatten())
@@ -363,13 +367,17 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
                 sched.step()
                 step += 1
                 bar.update()
-                tokens_seen += int(tgt_out.ne(0).sum())
-                loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
+                loss_sum += loss.detach().double()
+                loss_n += 1
                 seconds = time.time() - started
-                stop = _any_rank(step >= cfg.max_steps or seconds >= budget, info)
+                # processes agree on the time budget by a collective (a host wait on a GPU): with several, once
+                # per log interval; max_steps is reached by all at the same step
+                stop = step >= cfg.max_steps or (
+                    (not info.enabled or step % cfg.log_every == 0) and _any_rank(seconds >= budget, info))
                 evaluate_now = stop or step % cfg.eval_every == 0
-                if info.is_main and (evaluate_now or step % cfg.log_every == 0):
-                    row = {"step": step, "epoch": epoch, "train_loss": round(loss_sum / loss_n, 4),
+                log_now = evaluate_now or step % cfg.log_every == 0
+                if info.is_main and log_now:
+                    row = {"step": step, "epoch": epoch, "train_loss": round(loss_sum.item() / loss_n, 4),
                            "valid_loss": "", "lr": sched.get_last_lr()[0],
                            "tokens_per_s": round(tokens_seen * world / (time.time() - window_start), 1),
                            "train_seconds": round(seconds, 1)}
@@ -378,7 +386,9 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
                         save_checkpoint(out, model, opt, sched, scaler, step, epoch, seconds, position + 1)
                     log(row)
                     bar.set_postfix(loss=row["train_loss"], valid=row["valid_loss"], refresh=False)
-                    loss_sum, loss_n, tokens_seen, window_start = 0.0, 0, 0, time.time()
+                if log_now:
+                    loss_sum.zero_()
+                    loss_n, tokens_seen, window_start = 0, 0, time.time()
                 if stop:
                     break
             epoch, skip = epoch + 1, 0

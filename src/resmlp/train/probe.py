@@ -12,43 +12,49 @@ import torch
 from torch.utils.data import DataLoader
 
 from resmlp.errors import ConfigError
+from resmlp.runtime import copy_to
 
 
 @torch.inference_mode()
 def extract_features(features: torch.nn.Module, loader: DataLoader,
-                     device: torch.device | str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+                     device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Pooled pre-logits features (the representation DINO evaluates) and labels of a whole loader
-    ((images, targets) or (images, targets, skipped) batches). `features` is
-    `inference.optimize_features(model, precision)`, built once for all the loaders of one evaluation."""
+    ((images, targets) or (images, targets, skipped) batches), both on `device`: on a GPU they stay there for
+    the k-NN, with no copy back per batch. `features` is `inference.optimize_features(model, precision)`, built
+    once for all the loaders of one evaluation."""
+    device = torch.device(device)
     feats, labels = [], []
     for images, targets, *_ in loader:
-        feats.append(features(images.to(device)).cpu())
-        labels.append(targets)
-    return torch.cat(feats).numpy(), torch.cat(labels).numpy()
+        feats.append(features(copy_to(images, device) if images.device != device else images).float())
+        labels.append(copy_to(targets, device) if targets.device != device else targets)
+    return torch.cat(feats), torch.cat(labels)
 
 
-def knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
+def knn_accuracy(train_x: torch.Tensor | np.ndarray, train_y: torch.Tensor | np.ndarray,
+                 test_x: torch.Tensor | np.ndarray, test_y: torch.Tensor | np.ndarray,
                  k: int = 20, temperature: float = 0.07, chunk: int = 1024) -> float:
     """Top-1 (%) of DINO's weighted k-NN: cosine similarity, the k nearest vote with weight exp(sim / T).
 
-    Done in torch as DINO's eval_knn.py does it (one matrix product and a top-k per chunk of test images):
-    scikit-learn's brute-force neighbours with a Python weight function were 5.7x slower on the quickstart
-    (benchmarks/knn_speed.py).
+    Done in torch as DINO's eval_knn.py does it (one matrix product and a top-k per chunk of test images), on
+    the features' device, read once at the end: scikit-learn's brute-force neighbours with a Python weight
+    function were 5.7x slower on the quickstart (benchmarks/knn_speed.py).
     """
     check_knn_arguments(k, temperature)
-    memory = torch.nn.functional.normalize(torch.from_numpy(train_x).float(), dim=1)
-    labels = torch.from_numpy(train_y).long()
-    queries = torch.nn.functional.normalize(torch.from_numpy(test_x).float(), dim=1)
-    num_classes = int(max(labels.max().item(), int(test_y.max())) + 1)
+    memory = torch.nn.functional.normalize(torch.as_tensor(train_x).float(), dim=1)
+    device = memory.device
+    labels = torch.as_tensor(train_y).long().to(device)
+    queries = torch.nn.functional.normalize(torch.as_tensor(test_x).float().to(device), dim=1)
+    test_labels = torch.as_tensor(test_y).long().to(device)
+    num_classes = int(torch.stack([labels.max(), test_labels.max()]).max()) + 1  # one read
     k = min(k, len(memory))
-    correct = 0
+    correct = torch.zeros((), dtype=torch.int64, device=device)
     for start in range(0, len(queries), chunk):
         sims, idx = (queries[start:start + chunk] @ memory.T).topk(k, dim=1)
         # weights relative to the nearest neighbour's (the same vote, scaled per query): no overflow at small T
         weights = ((sims - sims[:, :1]) / temperature).exp()
-        votes = torch.zeros(len(idx), num_classes).scatter_add_(1, labels[idx], weights)
-        correct += (votes.argmax(dim=1).numpy() == test_y[start:start + chunk]).sum()
-    return float(correct / len(test_y) * 100)
+        votes = torch.zeros(len(idx), num_classes, device=device).scatter_add_(1, labels[idx], weights)
+        correct += (votes.argmax(dim=1) == test_labels[start:start + chunk]).sum()
+    return float(correct.item() / len(test_labels) * 100)  # the one read of the vote
 
 
 MAX_K = 10_000
@@ -131,7 +137,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     if method == "knn":
         key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)
     else:
-        key, top1 = "linear_top1", linear_probe_accuracy(*split_features)
+        key, top1 = "linear_top1", linear_probe_accuracy(*(t.cpu().numpy() for t in split_features))
     summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": data,
                "train_images": len(split_features[1]), "test_images": len(split_features[3]),
                "feature_dim": int(split_features[0].shape[1]), "wall_seconds": round(time.perf_counter() - start, 1),
