@@ -136,3 +136,28 @@ def test_inference_benchmark_refuses_cuda_graphs_without_a_gpu():
     env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "reduce-overhead replays CUDA graphs and needs a CUDA GPU" in done.stderr
+
+
+def test_the_gpu_report_dry_runs_every_part_on_the_cpu_and_merges(tmp_path):
+    """benchmarks/gpu_report.py --device cpu --tiny: every part runs and is reported; --merge joins two reports."""
+    root = Path(__file__).resolve().parents[1]
+    script = str(root / "benchmarks" / "gpu_report.py")
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    first, second = ["cuda-tests", "suite", "quickstart", "guard"], ["trainer-vs-raw", "raw-step", "inference",
+                                                                        "pipeline"]
+    for out, parts in ((tmp_path / "a", first), (tmp_path / "b", second)):
+        subprocess.run([sys.executable, script, "--out", str(out), "--device", "cpu", "--tiny", "--parts", *parts],
+                       check=True, env=env, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, script, "--merge", str(tmp_path / "a" / "gpu_report.json"),
+                    str(tmp_path / "b" / "gpu_report.json"), "--out", str(tmp_path / "m")], check=True, env=env,
+                   capture_output=True, timeout=60)
+    report = json.loads((tmp_path / "m" / "gpu_report.json").read_text())
+    assert list(report["parts"]) == first + second
+    failed = {name: part.get("output_tail", part.get("error")) for name, part in report["parts"].items()
+              if part["exit"] != 0}
+    assert failed == {}
+    assert report["parts"]["quickstart"]["summary"]["test_top1"] is not None
+    assert report["parts"]["guard"]["results"][0]["guard_copy_mib"] > report["parts"]["guard"]["results"][0][
+        "parameter_mib"]  # the moments are in the guard's copy
+    markdown = (tmp_path / "m" / "gpu_report.md").read_text()
+    assert all(f"## {name}: ok" in markdown for name in first + second) and markdown.count("| torch |") == 2

@@ -29,7 +29,7 @@ OVERRIDES = {
     "model.img_size": 16, "model.patch_size": 4, "model.dim": 16, "model.depth": 1,
     "schedule.epochs": 2, "schedule.warmup_epochs": 0, "train.batch_size": 16, "train.progress": False,
     "train.amp": "none", "optim.name": "sgd", "optim.lr": 0.1, "train.threads": 1, "train.compile": False,
-    "train.checkpoint_every_steps": 1,
+    "train.checkpoint_every_steps": 1, "train.device": "cpu",  # gloo on the CPU, also where a GPU is visible
 }
 STEPS_PER_EPOCH = 64 // 16
 KILL_AT_STEP = 6  # the 6th step (epoch 2, its 2nd step) kills every process; last.pth holds 5 steps
