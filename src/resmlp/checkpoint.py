@@ -228,18 +228,19 @@ def load_checkpoint(model: ResMLP, path: str | Path, reset_head: bool = False,
 
 
 def load_state_into(model: ResMLP, state_dict: dict[str, torch.Tensor], source: str | Path,
-                    reset_head: bool = False) -> ResMLP:
+                    reset_head: bool = False, as_read: dict[str, torch.Tensor] | None = None) -> ResMLP:
     """Load a state dict in this project's names into `model`, saying what differs (from `source`) if it
-    doesn't fit; `reset_head` keeps the model's head."""
+    doesn't fit; `reset_head` keeps the model's head. `as_read`: the file's tensors before any grid was
+    refitted to the model, which the message describes (a refitted grid would report a size the file is not)."""
     if reset_head:
         state_dict = {k: v for k, v in state_dict.items() if not k.startswith("head.")}
-    _check_fits(model, state_dict, source, ignore_head=reset_head)
+    _check_fits(model, state_dict, source, ignore_head=reset_head, as_read=as_read)
     model.load_state_dict(state_dict, strict=not reset_head)
     return model
 
 
 def _check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], path: str | Path,
-                ignore_head: bool) -> None:
+                ignore_head: bool, as_read: dict[str, torch.Tensor] | None = None) -> None:
     expected = {k: v for k, v in model.state_dict().items() if not (ignore_head and k.startswith("head."))}
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
@@ -251,7 +252,8 @@ def _check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], pat
         return
     lines = [f"{path} does not fit this model ({_describe(model)}):"]
     if isinstance(model, ResMLP):
-        lines += [f"  {d}" for d in _config_differences(state_dict, model.config) or []]
+        differences = _config_differences(as_read or state_dict, model.config) or []
+        lines += [f"  {d}" for d in differences if not (ignore_head and d.startswith("num_classes:"))]
     for label, keys in (("missing", missing), ("unexpected", unexpected)):
         if keys:
             lines.append(f"  {label} keys ({len(keys)}): {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
@@ -261,8 +263,10 @@ def _check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], pat
         lines.append(f"  {k}: checkpoint holds {state_dict[k].dtype} values where the model has "
                      f"{expected[k].dtype} weights")
     if isinstance(model, ResMLP):
-        lines.append("Build the model from the file with resmlp.load(path), pass the matching preset, or use "
-                     "reset_head=True / num_classes=... when only the classifier differs.")
+        only_head = all(k.startswith("head.") for k in (*missing, *unexpected, *wrong))
+        lines.append("Only the classifier differs: resmlp.load_checkpoint(model, path, reset_head=True) keeps the "
+                     "model's head." if only_head else "Build the model from the file with resmlp.load(path), or "
+                     "pass the preset and sizes it was trained with.")
     else:
         lines.append("Its metadata names an architecture its tensors are not: the file is corrupt or was edited.")
     raise CheckpointError("\n".join(lines))
