@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from resmlp.models.torchvision_models import RepeatChannels
+
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 KINDS = ("preset", "timm", "torchvision", "file")
 
@@ -56,6 +58,48 @@ def parse_model_name(spec: str) -> ModelName:
                      f"a checkpoint file (.safetensors, .pth).{hint}")
 
 
+# the model keys a recipe written for another architecture still means for each kind of model: the data's
+# shape, the classes and (for timm, which takes them for every architecture; for a checkpoint, whose
+# architecture is the file's) the dropout rates. A preset takes every ResMLPConfig field.
+SHARED_MODEL_KEYS = {
+    "timm": ("in_chans", "img_size", "num_classes", "drop_rate", "drop_path_rate"),
+    "torchvision": ("in_chans", "img_size", "num_classes"),
+    "file": ("drop_rate", "drop_path_rate"),
+}
+
+
+def keys_not_applying(name: ModelName, keys: list[str]) -> list[str]:
+    """The model keys of a recipe written for another model that `name` does not take: for a preset, those
+    that are not ResMLPConfig fields; for timm, the ResMLP architecture fields (its other keys are timm
+    constructor arguments); for torchvision and a checkpoint, all but SHARED_MODEL_KEYS."""
+    import dataclasses
+
+    from resmlp.models.resmlp import ResMLPConfig
+
+    fields = {f.name for f in dataclasses.fields(ResMLPConfig)}
+    if name.kind == "preset":
+        return [k for k in keys if k not in fields]
+    shared = SHARED_MODEL_KEYS[name.kind]
+    return [k for k in keys if k not in shared and (k in fields or name.kind != "timm")]
+
+
+def check_constructor_keys(name: ModelName, overrides: dict[str, Any]) -> str | None:
+    """Why a timm:/torchvision: model cannot be built with these model keys or take the images they imply
+    (None when it can), found by building it and running it once on the meta device, which allocates and
+    computes nothing: before any data is read."""
+    if name.kind not in ("timm", "torchvision") or not overrides:
+        return None
+    kwargs = {k: v for k, v in overrides.items() if k != "img_size"}  # the data's size, not an argument
+    in_chans, img_size = model_input(name, overrides)
+    try:
+        with torch.device("meta"), torch.no_grad():
+            build_model(name, **kwargs)(torch.empty(2, in_chans, img_size, img_size))
+    except Exception as e:  # a model fails in its own words (TypeError, AssertionError, AttributeError...)
+        keys = ", ".join(f"model.{k}={v!r}" for k, v in overrides.items())
+        return f"{name} cannot be built with {keys}: {' '.join(str(e).split())[:300]}"
+    return None
+
+
 def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans: int | None = None,
                 weights: str | Path | None = None, **overrides: Any) -> nn.Module:
     """The model named by `spec`, with `num_classes` / `in_chans` when given and constructor `overrides`
@@ -83,16 +127,12 @@ def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans:
             raise ValueError(f"timm has no model {name.name!r} (see timm.list_models())")
         model = timm.create_model(name.name, pretrained=False, **sizes, **overrides)
     else:
-        import torchvision
+        from resmlp.models.torchvision_models import build_torchvision
 
-        if name.name not in torchvision.models.list_models(module=torchvision.models):
-            raise ValueError(f"torchvision has no classification model {name.name!r}")
-        model = torchvision.models.get_model(name.name, weights=None, **({"num_classes": num_classes}
-                                                                         if num_classes is not None else {}))
-    if weights is not None:
-        load_weights_file(model, weights, str(name))
-    if name.kind == "torchvision" and in_chans == 1:
-        model = RepeatChannels(model)  # torchvision classifiers take RGB
+        model = build_torchvision(name.name, in_chans, **overrides,
+                                  **({"num_classes": num_classes} if num_classes is not None else {}))
+    if weights is not None:  # the classifier's own weights, inside a grayscale wrapper
+        load_weights_file(model.model if isinstance(model, RepeatChannels) else model, weights, str(name))
     return model
 
 
@@ -125,17 +165,6 @@ def _file_config(path: str):
         if "config" in header:
             return ResMLPConfig.from_dict(header["config"])
     return getattr(build_model(ModelName("file", path)), "config", None)
-
-
-class RepeatChannels(nn.Module):
-    """Grayscale input for an RGB model: the channel repeated three times."""
-
-    def __init__(self, model: nn.Module, times: int = 3) -> None:
-        super().__init__()
-        self.model, self.times = model, times
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x.repeat(1, self.times, 1, 1) if x.shape[1] == 1 else x)
 
 
 def load_weights_file(model: nn.Module, path: str | Path, what: str) -> nn.Module:

@@ -127,7 +127,7 @@ def _check_finite(tensors: dict[str, torch.Tensor], path: Path, allow_nonfinite:
 def _decode_metadata(raw: dict[str, str], path: Path | str = "checkpoint") -> dict[str, Any]:
     """The JSON entries of a safetensors header, checked for the shapes this project writes."""
     meta: dict[str, Any] = {}
-    for key in ("config", "timm", "extra"):
+    for key in ("config", "timm", "torchvision", "extra"):
         if key in raw:
             try:
                 meta[key] = json.loads(raw[key])
@@ -318,6 +318,8 @@ def _build_from_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta
                         overrides: dict[str, Any]) -> torch.nn.Module:
     if "timm" in meta:
         return _load_timm_model(path, tensors, meta["timm"], overrides)
+    if "torchvision" in meta:
+        return _load_torchvision_model(path, tensors, meta["torchvision"])
     state_dict = to_resmlp_keys(tensors)
     if "config" in meta:
         try:
@@ -393,6 +395,30 @@ def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: d
     return model
 
 
+def _load_torchvision_model(path: str | Path, tensors: dict[str, torch.Tensor],
+                            spec: dict[str, Any]) -> torch.nn.Module:
+    """The torchvision classifier that `spec` names, only if the file's tensors are exactly that model's."""
+    from resmlp.models.torchvision_models import build_torchvision
+
+    if not (isinstance(spec, dict) and isinstance(spec.get("name"), str) and isinstance(spec.get("kwargs"), dict)
+            and spec.get("in_chans") in (None, 1, 3)):
+        raise CheckpointError(f"{path}: its torchvision metadata is malformed; the file is corrupt or was edited")
+    bound = _size_bound(tensors)
+    if _largest_number(spec["kwargs"]) > bound:
+        raise CheckpointError(f"{path}: torchvision arguments {spec['kwargs']} exceed every size in the file's "
+                              f"tensors ({bound}); the metadata was edited")
+    try:
+        with torch.device("meta"):
+            skeleton = build_torchvision(spec["name"], spec["in_chans"], **spec["kwargs"])
+    except Exception as e:  # torchvision raises TypeError/ValueError... for arguments it can't take
+        raise CheckpointError(f"{path}: torchvision can't build {spec['name']} with {spec['kwargs']} "
+                              f"({type(e).__name__}: {e})") from None
+    _check_fits(skeleton, tensors, path, ignore_head=False)
+    model = build_torchvision(spec["name"], spec["in_chans"], **spec["kwargs"])
+    model.load_state_dict(tensors)
+    return model
+
+
 def _size_bound(tensors: dict[str, torch.Tensor]) -> int:
     """No architecture argument (a depth, a width, an image size) of a model can sensibly exceed the
     largest dimension among its tensors and their count by much; 4x plus a floor leaves room for image
@@ -417,8 +443,8 @@ def _largest_number(value: Any) -> float:
 def save(model: torch.nn.Module, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
     """Write weights as safetensors with the config (and JSON-able `metadata`) inside; atomically.
 
-    Takes this project's models and timm models (built by timm.create_model, whose name and arguments are
-    stored so that `load` rebuilds them).
+    Takes this project's models, timm models (built by timm.create_model) and torchvision classifiers built by
+    `resmlp.build` (torchvision:NAME), whose name and arguments are stored so that `load` rebuilds them.
     """
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -429,8 +455,11 @@ def save(model: torch.nn.Module, path: str | Path, metadata: dict[str, Any] | No
     elif getattr(model, "pretrained_cfg", {}).get("architecture"):
         spec = {"name": model.pretrained_cfg["architecture"], "kwargs": getattr(model, "_model_args", {})}
         raw_meta = {"format": "resmlp", "timm": json.dumps(spec)}
+    elif getattr(model, "torchvision_spec", None):
+        raw_meta = {"format": "resmlp", "torchvision": json.dumps(model.torchvision_spec)}
     else:
-        raise ValueError(f"resmlp.save stores ResMLP/Mixer models and timm models (made by timm.create_model), "
+        raise ValueError(f"resmlp.save stores ResMLP/Mixer, timm (made by timm.create_model) and torchvision models "
+                         f"(made by resmlp.build.build_model('torchvision:NAME')), "
                          f"not {type(model).__name__}; use torch.save(model.state_dict(), ...) for others")
     if metadata:
         raw_meta["extra"] = json.dumps(metadata)

@@ -11,6 +11,7 @@ import importlib
 import os
 import shlex
 import sys
+import warnings
 from pathlib import Path
 
 import resmlp
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     exits 2; a bug keeps its traceback. RESMLP_DEBUG=1 shows the traceback of every error."""
     args = build_parser().parse_args(argv)
     debug = bool(os.environ.get("RESMLP_DEBUG"))
+    formatwarning = warnings.formatwarning
+    if not debug:  # a warning is a line for the user, not a source location
+        warnings.formatwarning = lambda message, *_, **__: f"resmlp {args.command}: note: {message}\n"
     try:
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
@@ -67,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"resmlp {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

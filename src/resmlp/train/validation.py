@@ -15,6 +15,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from resmlp.build import check_constructor_keys
 from resmlp.complexity import training_memory_bytes
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
@@ -198,6 +199,9 @@ def _check_model(cfg: TrainConfig) -> list[str]:
         if extra:
             return [f"model: a checkpoint start takes only {', '.join(TRAINING_FIELDS)} besides name (its architecture "
                     f"comes from the file), not {', '.join(extra)}; for a new resolution set finetune.img_size"]
+    problem = check_constructor_keys(name, cfg.model_overrides)
+    if problem:
+        return [f"model: {problem}"]
     if cfg.task_name == "finetune" and name.kind != "file":
         return [f"task finetune starts from a checkpoint: model.name must be a checkpoint file, not {name}"]
     if cfg.task_name == "distillation" and not cfg.distill.teacher:

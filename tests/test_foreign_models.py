@@ -1,0 +1,85 @@
+"""Models from anywhere train with recipes written for ResMLP: `--model timm:NAME`, `torchvision:NAME` or a
+checkpoint file on the quickstart recipe. The recipe's ResMLP keys that do not apply are dropped with a one-line
+note; keys the user gives that the model cannot take are refused naming them, before any data is read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import resmlp
+from resmlp.cli import main
+
+# tiny runs on in-memory data: 32 training images of 28x28 grayscale (the quickstart recipe's shape), 2 steps
+TINY = ["--epochs", "1", "--batch-size", "16", "--no-progress", "--threads", "1", "--set", "data.kind=synthetic",
+        "--set", "data.synthetic_size=[32,16]", "--set", "data.synthetic_classes=3", "--set", "train.compile=false",
+        "--set", "schedule.warmup_epochs=0", "--set", "train.amp=none"]
+RESMLP_ONLY = "patch_size, dim, depth, layerscale_init"  # the quickstart recipe's keys a convnet does not take
+
+
+@pytest.mark.parametrize("model", ["timm:resnet10t", "torchvision:resnet18"])
+def test_a_foreign_model_trains_on_a_resmlp_recipe_and_its_checkpoint_evaluates(model, tmp_path, recwarn):
+    run = tmp_path / "run"
+    assert main(["train", "--model", model, "--output", str(run), *TINY]) == 0
+    notes = [str(w.message) for w in recwarn if "dropped" in str(w.message)]
+    assert len(notes) == 1 and RESMLP_ONLY in notes[0] and len(notes[0].splitlines()) == 1
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"] == {"name": model, "img_size": 28, "in_chans": 1}
+    # the saved checkpoint rebuilds the same architecture (torchvision's too) and evaluates
+    assert main(["eval", str(run), "--output", str(tmp_path / "eval")]) == 0
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    trained = json.loads((run / "summary.json").read_text())
+    assert summary["test_top1"] == pytest.approx(trained["test_top1"], abs=1e-6)
+
+
+@pytest.mark.parametrize("key,value,words", [("bogus", "1", "unexpected keyword argument 'bogus'"),
+                                             ("channels", "[1]", "layer2")])
+def test_a_key_the_model_cannot_take_is_refused_naming_it(key, value, words, tmp_path, capsys):
+    code = main(["train", "--model", "timm:resnet10t", "--output", str(tmp_path / "run"), *TINY,
+                 "--set", f"model.{key}={value}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"model.{key}=" in err and words in err
+    assert not (tmp_path / "run" / "last.pth").exists()
+
+
+def test_a_key_given_for_a_timm_model_reaches_it(tmp_path):
+    from resmlp.train.config import load_config
+
+    cfg = load_config("fashion-mnist-quick", {"model.name": "timm:resnet10t", "model.drop_rate": 0.25,
+                                              "model.stem_width": 16})
+    assert cfg.model == {"name": "timm:resnet10t", "img_size": 28, "in_chans": 1, "drop_rate": 0.25,
+                         "stem_width": 16}
+
+
+def test_the_recipes_own_timm_keys_are_kept(recwarn):
+    from resmlp.train.config import load_config
+
+    cfg = load_config("fashion-mnist-teacher")  # a recipe written for its timm model: nothing dropped
+    assert cfg.model == {"name": "timm:resnet10t", "in_chans": 1, "img_size": 28}
+    assert not [w for w in recwarn if "dropped" in str(w.message)]
+
+
+def test_finetune_drops_the_recipes_model_keys_with_a_note_and_refuses_the_users(tmp_path, capsys, recwarn):
+    source = tmp_path / "tiny.safetensors"
+    resmlp.save(resmlp.create_model("resmlp_s12", img_size=28, patch_size=7, in_chans=1, num_classes=3, dim=16,
+                                    depth=1), source)
+    assert main(["finetune", str(source), "--output", str(tmp_path / "ft"), *TINY]) == 0
+    notes = [str(w.message) for w in recwarn if "dropped" in str(w.message)]
+    assert len(notes) == 1 and "img_size, patch_size, in_chans, dim, depth, layerscale_init" in notes[0]
+    assert main(["finetune", str(source), "--output", str(tmp_path / "ft2"), *TINY, "--set", "model.dim=8"]) == 2
+    assert "not dim" in capsys.readouterr().err
+
+
+def test_the_command_line_prints_a_note_as_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "resmlp", "train", "--model", "timm:resnet10t", "--output",
+                             str(tmp_path / "run"), *TINY, "--set", "model.bogus=1"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("resmlp train: note: model timm:resnet10t:") and RESMLP_ONLY in lines[0]
+    assert lines[1].startswith("resmlp train: error:") and "Traceback" not in result.stderr
