@@ -318,3 +318,10 @@ def test_gpu_rows_run_in_their_precision_and_compile_mode(monkeypatch, precision
         assert (r["device"], r["precision"], r["compile"], r["gpu"]) == ("cuda", precision, compile,
                                                                           torch.cuda.get_device_name())
         assert r["throughput_img_s"] > 0 and r["throughput_large_img_s"] > 0 and r["peak_memory_mb"] >= 0
+
+
+def test_the_default_models_are_named_in_the_grammar_the_command_takes():
+    from resmlp.commands.benchmark import DEFAULT_MODELS
+
+    specs = benchmark.parse_models(DEFAULT_MODELS)  # before: 'resmlp_12_224' was refused at once
+    assert len(specs) == len(DEFAULT_MODELS.split(",")) and "timm:resmlp_12_224" in [s.name for s in specs]
