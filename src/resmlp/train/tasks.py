@@ -139,6 +139,7 @@ class DistillationTask(SupervisedTask):
         teacher = load_teacher(kd.teacher, num_classes, in_chans, kd.weights, kd.allow_random_teacher)
         teacher = freeze(teacher.to(trainer.info.device))
         check_teacher(teacher, kd.teacher, num_classes, in_chans, img_size, trainer.info.device)
+        check_teacher_classes(kd.teacher, trainer.data.class_names)
         weights_file = kd.weights or (kd.teacher if Path(kd.teacher).is_file() else None)
         self.teacher_record = dict(spec=kd.teacher, weights=kd.weights,
                                    weights_sha256=file_sha256(weights_file) if weights_file else None)
@@ -206,6 +207,24 @@ def check_teacher(teacher: nn.Module, spec: str, num_classes: int, in_chans: int
     if out.ndim != 2 or out.shape[1] != num_classes:
         raise ValueError(f"distillation teacher {spec} predicts {out.shape[-1]} classes but the dataset has "
                          f"{num_classes}; distil from a teacher trained on this dataset")
+
+
+def check_teacher_classes(spec: str, class_names: list[str]) -> None:
+    """A teacher checkpoint that records its classes must have the data's, in the data's order: its logit i
+    is taken as class i's."""
+    from resmlp.build import parse_model_name
+    from resmlp.checkpoint import read_metadata
+
+    if parse_model_name(spec).kind != "file":
+        return
+    theirs = read_metadata(spec).get("class_names")
+    if not isinstance(theirs, list) or [str(n) for n in theirs] == list(class_names):
+        return
+    how = "the same classes in another order" if sorted(map(str, theirs)) == sorted(class_names) else "other classes"
+    raise ValueError(f"distillation teacher {spec} was trained on {how} ({', '.join(map(str, theirs[:5]))}"
+                     f"{' ...' if len(theirs) > 5 else ''}) than the data's ({', '.join(class_names[:5])}"
+                     f"{' ...' if len(class_names) > 5 else ''}); its logit i must mean the data's class i: "
+                     "distil from a teacher trained on this dataset")
 
 
 def file_sha256(path: str | Path) -> str:
