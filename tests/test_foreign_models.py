@@ -83,3 +83,33 @@ def test_the_command_line_prints_a_note_as_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("resmlp train: note: model timm:resnet10t:") and RESMLP_ONLY in lines[0]
     assert lines[1].startswith("resmlp train: error:") and "Traceback" not in result.stderr
+
+
+def test_finetuning_normalises_as_the_checkpoint_was_trained(tmp_path):
+    from resmlp.train.config import load_config
+
+    source = tmp_path / "quick.safetensors"
+    model = resmlp.create_model("resmlp_s12", img_size=28, patch_size=7, in_chans=1, num_classes=3, dim=16, depth=1)
+    resmlp.save(model, source, metadata={"preprocess": {"mean": [0.286], "std": [0.353]}})
+    for kind in ("folder", "synthetic"):  # before: the data kind's statistics (folders: ImageNet's)
+        cfg = load_config("fashion-mnist-quick", {"model.name": str(source), "data.kind": kind,
+                                                  "data.dir": str(tmp_path)})
+        assert (cfg.data.mean, cfg.data.std) == ([0.286], [0.353])
+    # the recipe's or the user's statistics win
+    cfg = load_config("fashion-mnist-quick", {"model.name": str(source), "data.mean": [0.5], "data.std": [0.5]})
+    assert (cfg.data.mean, cfg.data.std) == ([0.5], [0.5])
+    # a file without metadata (timm's, DeiT's) was trained on ImageNet: its statistics
+    rgb = tmp_path / "rgb.safetensors"
+    resmlp.save(resmlp.create_model("resmlp_s12", img_size=32, patch_size=8, num_classes=3, dim=16, depth=1), rgb)
+    cfg = load_config("cifar-finetune", {"model.name": str(rgb), "data.dir": str(tmp_path)})
+    assert cfg.data.mean == pytest.approx([0.485, 0.456, 0.406])
+
+
+def test_finetune_takes_a_run_folder_as_eval_does(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    resmlp.save(resmlp.create_model("resmlp_s12", img_size=28, patch_size=7, in_chans=1, num_classes=3, dim=16,
+                                    depth=1), run / "best.safetensors")
+    assert main(["finetune", str(run), "--output", str(tmp_path / "ft"), *TINY]) == 0  # before: "does not exist"
+    config = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert config["model"]["name"] == str((run / "best.safetensors").resolve())

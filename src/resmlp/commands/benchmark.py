@@ -91,7 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--val-dir", default=None, help="folder of a --val-data kind (default: the kind's location)")
     p.add_argument("--output", default=None,
                    help="write the table here: FILE.json (rows and the S12/DeiT-S ratios) or CSV (any other name)")
-    p.add_argument("--plot", default=None, help="write a throughput-vs-accuracy PNG here (needs --accuracy or --val-data)")
+    p.add_argument("--plot", default=None,
+                   help="write a throughput-vs-accuracy PNG here (needs --accuracy or --val-data)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(run=run)
 

@@ -84,7 +84,32 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
         raw[section][key] = value
     raw.setdefault("recipe", name)
     _drop_keys_of_another_model(raw, sources, recipe_model, origin)
+    _normalise_as_the_checkpoint(raw)
     return validate(raw, sources)
+
+
+def _normalise_as_the_checkpoint(raw: dict[str, Any]) -> None:
+    """A run that starts from a checkpoint normalises its images as the checkpoint was trained, unless the
+    recipe or the user sets data.mean/std: the statistics in the file's metadata (written by every training
+    run), else ImageNet's (timm's and DeiT's files, whose ImageNet training used them; DeiT fine-tunes with them)."""
+    from resmlp.build import model_input, parse_model_name
+    from resmlp.checkpoint import read_metadata
+    from resmlp.models.registry import IMAGENET_MEAN, IMAGENET_STD
+
+    model, data = raw.get("model"), raw.get("data")
+    if not (isinstance(model, dict) and isinstance(data, dict)) or data.get("mean") or data.get("std"):
+        return
+    try:
+        name = parse_model_name(model.get("name", ""))
+        if name.kind != "file" or not Path(name.name).is_file():
+            return
+        pre = read_metadata(name.name).get("preprocess")
+        mean, std = ((pre.get("mean"), pre.get("std")) if isinstance(pre, dict) else (IMAGENET_MEAN, IMAGENET_STD))
+        in_chans = model_input(name)[0]
+    except ValueError:
+        return  # validation names the problem with the file
+    if isinstance(mean, (list, tuple)) and isinstance(std, (list, tuple)) and len(mean) == len(std) == in_chans:
+        data["mean"], data["std"] = list(mean), list(std)
 
 
 def _drop_keys_of_another_model(raw: dict[str, Any], sources: dict[str, str], recipe_model: Any,

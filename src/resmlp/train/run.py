@@ -42,14 +42,16 @@ def finetune(checkpoint: str | Path, recipe: str | Path | dict | TrainConfig, ou
              overrides: dict[str, Any] | list[str] | None = None, img_size: int | None = None,
              freeze: int | str | None = None, layer_decay: float | None = None,
              resume: bool | str | Path = False) -> dict[str, Any]:
-    """Fine-tune `checkpoint` with `recipe`'s data, optimiser and schedule; returns summary.json's content.
+    """Fine-tune `checkpoint` (a file or a run folder) with `recipe`'s data, optimiser and schedule; returns
+    summary.json's content.
 
     The run's model is the checkpoint (model.name = its path, the recipe's dropout kept): the finetune task.
     img_size: new resolution (ResMLP: cross-patch matrices resized; Mixer: block-diagonal expansion).
     freeze: number of leading blocks to freeze, or 'all-but-head'. layer_decay: e.g. 0.75.
     """
-    if not Path(checkpoint).is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
+    from resmlp.evaluation import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(checkpoint)  # a file, or a run folder's best.safetensors (as eval takes)
     # the checkpoint replaces the recipe's model: its keys that do not apply are dropped with a note
     raw = load_config(recipe, {**parse_overrides(overrides), "model.name": str(Path(checkpoint).resolve())}).to_dict()
     raw["finetune"] = dict(img_size=img_size, freeze=freeze)
