@@ -325,3 +325,30 @@ def test_the_default_models_are_named_in_the_grammar_the_command_takes():
 
     specs = benchmark.parse_models(DEFAULT_MODELS)  # before: 'resmlp_12_224' was refused at once
     assert len(specs) == len(DEFAULT_MODELS.split(",")) and "timm:resmlp_12_224" in [s.name for s in specs]
+
+
+def test_torchvision_models_and_convnet_checkpoints_take_the_benchmarks_size(tmp_path):
+    import timm
+
+    model, shape = benchmark.build_model(benchmark.parse_spec("torchvision:resnet18"), img_size=32)
+    assert shape == (3, 32, 32)  # before: ResNet.__init__() got an unexpected keyword argument 'img_size'
+    path = resmlp.save(timm.create_model("resnet10t", in_chans=1, num_classes=4), tmp_path / "cnn.safetensors",
+                       metadata={"preprocess": {"img_size": 28, "in_chans": 1}})
+    model, shape = benchmark.build_model(benchmark.parse_spec(str(path)), img_size=32)
+    assert shape == (1, 32, 32)  # the channels it was trained on
+    model, shape = benchmark.build_model(benchmark.parse_spec(str(path)))
+    assert shape == (1, 28, 28)
+    with torch.no_grad():
+        assert model(torch.zeros(1, *shape)).shape == (1, 4)
+
+
+def test_the_table_shows_a_models_bracketed_overrides(capsys):
+    import argparse
+
+    from resmlp.commands.benchmark import print_table
+
+    row = dict(model=TINY_OURS, img_size=32, params_m=0.1, gmacs=0.01, throughput_img_s=1.0,
+               throughput_b1_img_s=1.0, path="plain", peak_memory_mb=1.0, weights_mb=1.0, top1=None, threads=1,
+               precision="fp32")
+    print_table(argparse.Namespace(batch_size=4, large_batch=0, compile=None, path="plain", repeats=1), [row], "cpu")
+    assert "[dim=32,depth=2" in capsys.readouterr().out  # before: read as rich markup and dropped

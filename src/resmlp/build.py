@@ -149,14 +149,15 @@ def model_input(spec: str | ModelName, overrides: dict[str, Any] | None = None) 
     if name.kind == "file":
         cfg = _file_config(name.name)
         if cfg is None:
-            return overrides.get("in_chans", 3), overrides.get("img_size", 224)
+            in_chans, img_size = _trained_input(name.name)
+            return overrides.get("in_chans", in_chans), overrides.get("img_size", img_size)
         return cfg.in_chans, overrides.get("img_size") or cfg.img_size
     return overrides.get("in_chans", 3), overrides.get("img_size", 224)
 
 
 def _file_config(path: str):
     """A checkpoint's ResMLPConfig: from the safetensors header where ours holds it (no tensor is read), else
-    from the model built from the file (timm's and DeiT's files); None for a timm model's file."""
+    from the model built from the file (timm's and DeiT's files); None for a timm or torchvision model's file."""
     if path.endswith(".safetensors"):
         from resmlp.checkpoint import read_header
         from resmlp.models.resmlp import ResMLPConfig
@@ -164,7 +165,22 @@ def _file_config(path: str):
         header = read_header(path)
         if "config" in header:
             return ResMLPConfig.from_dict(header["config"])
+        if "timm" in header or "torchvision" in header:
+            return None
     return getattr(build_model(ModelName("file", path)), "config", None)
+
+
+def _trained_input(path: str) -> tuple[int, int]:
+    """(in_chans, img_size) a timm/torchvision model's checkpoint was trained on: the preprocessing a training
+    run records, else its constructor's in_chans; (3, 224) for a file that says neither."""
+    from resmlp.checkpoint import read_header
+
+    header = read_header(path) if path.endswith(".safetensors") else {}
+    pre = header.get("extra", {}).get("preprocess")
+    pre = pre if isinstance(pre, dict) else {}
+    built = header.get("timm", {}).get("kwargs", {}).get("in_chans") or header.get("torchvision", {}).get("in_chans")
+    in_chans, img_size = pre.get("in_chans") or built or 3, pre.get("img_size") or 224
+    return (int(in_chans), int(img_size)) if isinstance(in_chans, int) and isinstance(img_size, int) else (3, 224)
 
 
 def load_weights_file(model: nn.Module, path: str | Path, what: str) -> nn.Module:
@@ -189,17 +205,33 @@ def load_weights_file(model: nn.Module, path: str | Path, what: str) -> nn.Modul
 
 
 # ------------------------------------------------------------------------------------------ fine-tuning starts
-def load_resmlp_start(checkpoint: str | Path, img_size: int | None = None) -> nn.Module:
-    """A ResMLP/Mixer checkpoint as a model at `img_size`; clear errors for other architectures or sizes."""
-    from resmlp.models.resmlp import ResMLP
+def resmlp_start(model: nn.Module, img_size: int | None = None) -> nn.Module:
+    """A ResMLP/Mixer read from a checkpoint, at `img_size` (a clear error for a grid the resize cannot reach)."""
     from resmlp.transfer import change_resolution
 
-    model = build_model(str(checkpoint))
-    if not isinstance(model, ResMLP):
-        raise ValueError(f"{checkpoint} holds a {type(model).__name__} (timm), not a ResMLP or MLP-Mixer; "
-                         "fine-tuning starts from ResMLP/Mixer checkpoints (ours, timm's or DeiT's)")
     if img_size is not None and img_size != model.config.img_size:
-        model = change_resolution(model, img_size)  # raises for a grid the resize cannot reach
+        model = change_resolution(model, img_size)
+    return model
+
+
+def timm_start(start: nn.Module, checkpoint: str | Path, num_classes: int, **overrides: Any) -> nn.Module:
+    """A timm model read from a checkpoint, rebuilt for fine-tuning: the dataset's classes and the run's
+    `overrides` (dropout), with every weight of the file but the classifier's (a new head, as for a ResMLP)."""
+    import timm
+
+    arch = getattr(start, "pretrained_cfg", {}).get("architecture")
+    classifier = getattr(start, "pretrained_cfg", {}).get("classifier")
+    if not arch or not classifier:
+        raise ValueError(f"{checkpoint} holds a {type(start).__name__}, not a ResMLP, MLP-Mixer or timm model; "
+                         "fine-tuning starts from those checkpoints")
+    model = timm.create_model(arch, pretrained=False, **{**getattr(start, "_model_args", {}), **overrides,
+                                                         "num_classes": num_classes})
+    state = {k: v for k, v in start.state_dict().items() if not k.startswith(classifier + ".")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or not all(k.startswith(classifier + ".") for k in missing):
+        raise ValueError(f"{checkpoint}: its weights do not fit {arch} rebuilt for fine-tuning "
+                         f"({missing[:3]} {unexpected[:3]})")
+    model.finetune_classifier = classifier  # what freeze_layers('all-but-head') keeps learning
     return model
 
 
@@ -208,13 +240,17 @@ def freeze_layers(model: nn.Module, freeze: int | str | None) -> nn.Module:
     if freeze is None:
         return model
     if freeze == "all-but-head":
-        frozen = [m for name, m in model.named_children() if name != "head"]
-    else:
-        if not 0 <= int(freeze) <= len(model.blocks):
-            raise ValueError(f"finetune.freeze={freeze}: the model has {len(model.blocks)} blocks")
-        frozen = [model.stem, *model.blocks[: int(freeze)]]
-        if model.pos_embed is not None:
-            model.pos_embed.requires_grad_(False)
+        head = getattr(model, "finetune_classifier", "head")  # a timm model's classifier, e.g. resnets' fc
+        model.requires_grad_(False)
+        model.get_submodule(head).requires_grad_(True)
+        return model
+    if not hasattr(model, "blocks"):
+        raise ValueError(f"finetune.freeze={freeze}: counting blocks is for ResMLP/Mixer; freeze all-but-head")
+    if not 0 <= int(freeze) <= len(model.blocks):
+        raise ValueError(f"finetune.freeze={freeze}: the model has {len(model.blocks)} blocks")
+    frozen = [model.stem, *model.blocks[: int(freeze)]]
+    if model.pos_embed is not None:
+        model.pos_embed.requires_grad_(False)
     for module in frozen:
         module.requires_grad_(False)
     return model

@@ -161,16 +161,18 @@ def parse_models(text: str) -> list[ModelSpec]:
 def build_model(spec: ModelSpec, img_size: int | None = None) -> tuple[nn.Module, tuple[int, int, int]]:
     """The model (eval mode) and its (channels, height, width) input, made by `resmlp.build.build_model`."""
     from resmlp.build import build_model as build_named_model
+    from resmlp.build import model_input
 
     overrides = dict(spec.overrides)
     if img_size is not None:
         overrides["img_size"] = img_size
     try:
         model = build_named_model(spec.model, **overrides)
-    except TypeError:
-        if spec.model.kind != "timm" or "img_size" not in overrides:
+    except (TypeError, ValueError):  # a constructor's TypeError; a checkpoint's, raised as CheckpointError
+        if "img_size" not in overrides or spec.model.kind == "preset":
             raise
-        # timm convnets take no img_size argument because they accept any input size: feed it the size instead
+        # convnets (timm's, torchvision's, their checkpoints) take no img_size argument because they accept any
+        # input size: feed it the size instead
         model = build_named_model(spec.model, **{k: v for k, v in overrides.items() if k != "img_size"})
     model.eval()
     if hasattr(model, "config"):  # ours
@@ -178,6 +180,10 @@ def build_model(spec: ModelSpec, img_size: int | None = None) -> tuple[nn.Module
     from timm.data import resolve_model_data_config
 
     chans, height, width = resolve_model_data_config(model)["input_size"]
+    if spec.is_file:  # the channels and size it was trained on
+        chans, height = model_input(spec.model)
+        width = height
+    chans = overrides.get("in_chans", chans)
     size = overrides.get("img_size")
     return model, (chans, size or height, size or width)
 

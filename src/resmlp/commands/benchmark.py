@@ -165,6 +165,7 @@ def _precision_notes(mode: RunMode, device: str) -> list[str]:
 def print_table(args: argparse.Namespace, rows: list[dict[str, Any]], device: str) -> None:
     """The rows as a rich table (wide when piped to a file)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     memory_note = (
@@ -196,7 +197,8 @@ def print_table(args: argparse.Namespace, rows: list[dict[str, Any]], device: st
     for title, _ in columns:
         table.add_column(title, justify="left" if title == "model" else "right")
     for row in rows:
-        table.add_row(*("" if row[key] is None else str(row[key]) for _, key in columns))
+        # escaped: a model's bracketed overrides (resmlp_s12[dim=64]) are not rich markup
+        table.add_row(*("" if row[key] is None else escape(str(row[key])) for _, key in columns))
     console = Console()
     if not console.is_terminal:  # piped to a file: don't squeeze the table into 80 columns
         console = Console(width=160)

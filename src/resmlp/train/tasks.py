@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from resmlp import reporting
-from resmlp.build import build_model, freeze_layers, load_resmlp_start
+from resmlp.build import build_model, freeze_layers, resmlp_start, timm_start
 from resmlp.evaluation import EVAL_BATCH_SIZE, classify, eval_batches_or_loader
 from resmlp.preprocess import Preprocess
 from resmlp.train.config import TrainConfig
@@ -164,7 +164,11 @@ class FinetuneTask(SupervisedTask):
     def build_model(self, trainer: TrainerView, num_classes: int) -> nn.Module:
         from resmlp.models.resmlp import ResMLP
 
-        start = load_resmlp_start(self.cfg.model["name"], self.cfg.finetune.img_size)
+        start = build_model(self.cfg.model["name"])
+        if not isinstance(start, ResMLP):  # a timm model's checkpoint (a convnet teacher, ...)
+            return freeze_layers(timm_start(start, self.cfg.model["name"], num_classes, **self.cfg.model_overrides),
+                                 self.cfg.finetune.freeze)
+        start = resmlp_start(start, self.cfg.finetune.img_size)
         target = start.config.replace(num_classes=num_classes, **self.cfg.model_overrides)
         model = ResMLP(target)
         state = {k: v for k, v in start.state_dict().items() if not k.startswith("head.")}
