@@ -97,3 +97,17 @@ def test_precision_flags_take_fp32_and_refuse_other_words(capsys):
         parser.parse_args(["eval", "x", "--amp", "fp64"])
     assert "choose one of auto, bf16, fp16, fp32" in capsys.readouterr().err
     assert "FLAG_" not in parser._subparsers._group_actions[0].choices["train"].format_help()
+
+
+def test_a_missing_teacher_names_the_key_and_the_command_that_makes_it_which_runs_as_printed(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the recipe names its teacher relative to the working folder: runs/teacher
+    tiny = [*_sets({**FAST, "data.kind": "synthetic", "data.synthetic_size": [32, 16], "train.batch_size": 16,
+                    "data.val_size": 0}), "--epochs", "1"]
+    assert main(["train", "--recipe", "fashion-mnist-full", "--output", "full", *tiny]) == 2
+    err = capsys.readouterr().err
+    assert "distill.teacher: checkpoint runs/teacher/best.safetensors does not exist" in err
+    hint = shlex.split(err.split("make it first: ", 1)[1].split(", or ", 1)[0])
+    assert hint[:2] == ["resmlp", "train"] and "fashion-mnist-teacher" in hint
+    assert main(hint[1:] + tiny) == 0  # as printed, made short for a test
+    assert main(["train", "--recipe", "fashion-mnist-full", "--output", "full", *tiny]) == 0

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from resmlp.commands.common import add_threads_argument
 
-
 # the flags a resumed run takes from the command line (when given) rather than from its config.json, and their
 # defaults
 RUN_CONTROL = {"max_steps": 100_000, "max_minutes": 20.0, "device": "auto", "threads": None}

@@ -84,7 +84,8 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
                         temperature: float = 0.07, progress: bool = False, amp: str = "auto") -> dict[str, Any]:
     """k-NN (`knn_top1`) or linear-probe (`linear_top1`) accuracy of any checkpoint's frozen features.
 
-    The training split is the memory / probe training set, the test split (folders: val) is classified;
+    The training split is the memory / probe training set, the held-out split is classified (test; a folder:
+    DIR/test when it exists, else DIR/val, as `resmlp.data.heldout_split` says);
     both with the checkpoint's evaluation preprocessing. data: a dataset kind or
     a folder holding train/<class>/ and val/<class>/. amp: the features' precision as `resmlp eval`'s
     (auto = bf16 where the hardware has it, else fp32; bf16 or none). With `output`, writes

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from resmlp.build import check_constructor_keys
+from resmlp.build import check_constructor_keys, parse_model_name
 from resmlp.complexity import training_memory_bytes
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
@@ -206,7 +208,26 @@ def _check_model(cfg: TrainConfig) -> list[str]:
         return [f"task finetune starts from a checkpoint: model.name must be a checkpoint file, not {name}"]
     if cfg.task_name == "distillation" and not cfg.distill.teacher:
         return ["task distillation needs distill.teacher (a checkpoint file, timm:NAME or torchvision:NAME)"]
-    return []
+    return _check_teacher_file(cfg.distill.teacher)
+
+
+def _check_teacher_file(teacher: str | None) -> list[str]:
+    """A teacher checkpoint that is not there yet, with the command that makes it where a shipped recipe
+    documents one (`resmlp train --recipe fashion-mnist-teacher --output runs/teacher`)."""
+    if not teacher:
+        return []
+    try:
+        name = parse_model_name(teacher)
+    except ValueError as e:
+        return [f"distill.teacher: {e}"]
+    if name.kind != "file" or Path(name.name).is_file():
+        return []
+    run = re.escape(str(Path(name.name).parent))
+    makers = {m.group(0) for path in (resources.files("resmlp") / "recipes").iterdir() if path.name.endswith(".yaml")
+              for m in re.finditer(rf"resmlp train --recipe \S+ --output {run}(?=\s|$)", path.read_text())}
+    how = f"make it first: {sorted(makers)[0]}, or " if makers else ""
+    return [f"distill.teacher: checkpoint {name.name} does not exist; {how}name another teacher with --distill "
+            "CHECKPOINT (or timm:NAME / torchvision:NAME with --teacher-weights FILE)"]
 
 
 def _check_values(cfg: TrainConfig) -> list[str]:
