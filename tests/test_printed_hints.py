@@ -111,3 +111,39 @@ def test_a_missing_teacher_names_the_key_and_the_command_that_makes_it_which_run
     assert hint[:2] == ["resmlp", "train"] and "fashion-mnist-teacher" in hint
     assert main(hint[1:] + tiny) == 0  # as printed, made short for a test
     assert main(["train", "--recipe", "fashion-mnist-full", "--output", "full", *tiny]) == 0
+
+
+def test_the_image_size_limit_hint_names_the_variable_and_works_as_printed(tmp_path, monkeypatch):
+    from resmlp.data.images import open_image
+    from resmlp.errors import DataError
+
+    Image.fromarray(np.zeros((30, 20), dtype=np.uint8)).save(tmp_path / "big.png")
+    monkeypatch.setenv("RESMLP_MAX_IMAGE_PIXELS", "100")
+    with pytest.raises(DataError) as info:
+        open_image(tmp_path / "big.png", in_chans=1)
+    assignment = str(info.value).rsplit(": ", 1)[1].split()[0]  # before: "raise max_image_pixels", a name no user sets
+    assert assignment == "RESMLP_MAX_IMAGE_PIXELS=600"
+    monkeypatch.setenv(*assignment.split("="))
+    assert open_image(tmp_path / "big.png", in_chans=1).size == (20, 30)
+
+
+def test_a_validation_split_too_large_names_its_key(tmp_path, capsys):
+    make_jpeg_folder(tmp_path / "images", splits=("train",), per_class=3)
+    tiny = {**FAST, "data.kind": "folder", "model.in_chans": 3, "model.img_size": 16, "model.patch_size": 4,
+            "model.dim": 16, "model.depth": 2, "train.batch_size": 2}
+    assert main(["train", "--output", str(tmp_path / "run"), "--data-dir", str(tmp_path / "images"), "--epochs", "1",
+                 *_sets(tiny)]) == 2
+    err = capsys.readouterr().err
+    assert "data.val_size=5000" in err and "--set data.val_size=N" in err  # before: no key named
+    assert main(["train", "--output", str(tmp_path / "run"), "--data-dir", str(tmp_path / "images"), "--epochs", "1",
+                 *_sets({**tiny, "data.val_size": 2})]) == 0
+
+
+def test_fp16_on_the_cpu_says_what_to_use_and_blames_no_gradient_scaler():
+    import torch
+
+    from resmlp.runtime import resolve_amp
+
+    with pytest.raises(ValueError) as info:  # `resmlp eval --amp fp16` on the CPU: evaluation has no scaler
+        resolve_amp("fp16", torch.device("cpu"))
+    assert "scaler" not in str(info.value) and "use bf16 or fp32" in str(info.value)

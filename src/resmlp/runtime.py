@@ -103,7 +103,7 @@ def resolve_amp(amp: str, device: torch.device) -> str:
     if amp not in AMP_CHOICES:
         raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
     if amp == "fp16" and device.type != "cuda":
-        raise ValueError("amp fp16 needs a GPU (its gradient scaler is CUDA-only); use bf16 on the CPU")
+        raise ValueError(f"precision fp16 runs on a CUDA GPU only, not on {device.type}; use bf16 or fp32 there")
     if amp != "auto":
         return amp
     if device.type == "cuda":
