@@ -275,7 +275,8 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
     need(t.grad_accum >= 1, f"train.grad_accum must be >= 1, got {t.grad_accum}")
     need(t.clip_grad is None or t.clip_grad > 0, "train.clip_grad must be > 0 or null")
-    need(t.amp in ("auto", "bf16", "fp16", "none"), f"train.amp: {t.amp!r} is not one of auto, bf16, fp16, none")
+    need(t.amp in ("auto", "bf16", "fp16", "fp32", "none"),
+         f"train.amp: {t.amp!r} is not one of auto, bf16, fp16, fp32 (or none)")
     need(t.threads is None or t.threads >= 1, f"train.threads must be >= 1 or null, got {t.threads}")
     need(0 < t.ema_decay < 1, f"train.ema_decay must be in (0, 1), got {t.ema_decay}")
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0")
