@@ -147,3 +147,17 @@ def test_fp16_on_the_cpu_says_what_to_use_and_blames_no_gradient_scaler():
     with pytest.raises(ValueError) as info:  # `resmlp eval --amp fp16` on the CPU: evaluation has no scaler
         resolve_amp("fp16", torch.device("cpu"))
     assert "scaler" not in str(info.value) and "use bf16 or fp32" in str(info.value)
+
+
+def test_an_image_folder_given_to_the_default_kind_says_to_name_it_and_the_hint_runs(tmp_path, capsys):
+    data = tmp_path / "images"
+    make_jpeg_folder(data)
+    tiny = {**FAST, "model.in_chans": 3, "model.img_size": 16, "model.patch_size": 4, "model.dim": 16,
+            "model.depth": 2, "train.batch_size": 4, "data.crop_pct": 1.0}
+    args = ["train", "--output", str(tmp_path / "run"), "--data-dir", str(data), "--epochs", "1", *_sets(tiny)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "an image folder, not Fashion-MNIST's IDX files" in err  # before: "Fashion-MNIST file ... not found"
+    hint = shlex.split(err.split("add ", 1)[1].split(" (resmlp train)")[0])
+    assert hint == ["--set", "data.kind=folder"]
+    assert main(args + hint) == 0
