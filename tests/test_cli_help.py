@@ -49,3 +49,18 @@ def test_help_says_what_the_commands_do_with_their_options(capsys):
             build_parser().parse_args([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "folders: val" not in text and "DIR/test when it exists, else DIR/val" in text
+
+
+def test_models_takes_a_filter_and_writes_csv(capsys):
+    import csv
+    import io
+
+    from resmlp.cli import main
+
+    assert main(["models", "*cmlp*", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert {r["name"] for r in rows} >= {"resmlp_s12_cmlp", "resmlp_s24_cmlp", "S12 avg pooling -> class-MLP"}
+    assert all("cmlp" in r["name"] or "cmlp" in r["preset"] for r in rows)
+    assert float(next(r for r in rows if r["name"] == "resmlp_s12_cmlp")["params_m"]) == 17.72
+    assert main(["models", "nothing*"]) == 2
+    assert "no preset or Table 3 row matches" in capsys.readouterr().err
