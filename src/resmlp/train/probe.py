@@ -48,7 +48,7 @@ def knn_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, t
         weights = ((sims - sims[:, :1]) / temperature).exp()
         votes = torch.zeros(len(idx), num_classes).scatter_add_(1, labels[idx], weights)
         correct += (votes.argmax(dim=1).numpy() == test_y[start:start + chunk]).sum()
-    return float(correct / len(test_y) * 100)
+    return 100.0 * int(correct) / len(test_y)  # 100 * k / n: 28.0, not 0.28 * 100 = 28.000000000000004
 
 
 MAX_K = 10_000
@@ -75,7 +75,7 @@ def linear_probe_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.n
 
     probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
     probe.fit(train_x, train_y)
-    return float((probe.predict(test_x) == test_y).mean() * 100)
+    return 100.0 * int((probe.predict(test_x) == test_y).sum()) / len(test_y)
 
 
 def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str = "fashion-mnist",
