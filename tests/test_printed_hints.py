@@ -161,3 +161,16 @@ def test_an_image_folder_given_to_the_default_kind_says_to_name_it_and_the_hint_
     hint = shlex.split(err.split("add ", 1)[1].split(" (resmlp train)")[0])
     assert hint == ["--set", "data.kind=folder"]
     assert main(args + hint) == 0
+
+
+def test_the_closing_lines_name_every_file_as_the_user_named_the_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiny = {**FAST, "data.kind": "synthetic", "data.synthetic_size": [16, 8], "train.batch_size": 8,
+            "model.dim": 16, "model.depth": 1, "data.val_size": 0}
+    assert main(["train", "--output", "runs/x", "--epochs", "1", *_sets(tiny)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    paths = [line.split(":", 1)[1].split()[0] for line in lines if line.startswith("  ") and ":" in line
+             and "evaluate" not in line]
+    assert len(paths) == 4 and all(p.startswith("runs/x/") for p in paths), paths  # before: some absolute
+    assert "(TensorBoard: runs/x/tensorboard)" in "\n".join(lines)
+    assert all((tmp_path / p).exists() for p in paths)
