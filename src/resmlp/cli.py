@@ -76,9 +76,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
-    """How to continue an interrupted training command ("" for the others, or before its first state file)."""
-    if not hasattr(args, "default_recipe") or not (Path(args.output) / "last.pth").is_file():
+    """How to continue an interrupted training command ("" for the others); before its first state file, that
+    there is nothing to continue and how to keep progress within an epoch."""
+    if not hasattr(args, "default_recipe"):
         return ""
+    if not (Path(args.output) / "last.pth").is_file():
+        return ("; nothing to resume yet: the first state file (last.pth) is written at the end of epoch 1; run "
+                "the command again, with --set train.checkpoint_every_steps=N to save every N steps within epochs")
     words = ["resmlp", args.command, *([args.method] if args.command == "pretrain" else []),
              *([args.checkpoint] if args.command == "finetune" else []), "--output", str(args.output), "--resume"]
     return f"; continue it with: {shlex.join(words)}"
