@@ -352,3 +352,20 @@ def test_the_table_shows_a_models_bracketed_overrides(capsys):
                precision="fp32")
     print_table(argparse.Namespace(batch_size=4, large_batch=0, compile=None, path="plain", repeats=1), [row], "cpu")
     assert "[dim=32,depth=2" in capsys.readouterr().out  # before: read as rich markup and dropped
+
+
+@pytest.mark.parametrize("throughputs", [(3.0, 40.0, 900.0), (150.0, 210.0, 380.0), (2000.0, 2400.0, 2600.0)])
+def test_the_tradeoff_plots_x_labels_do_not_overlap(throughputs):
+    from matplotlib import pyplot as plt
+
+    rows = [dict(model=f"m{i}", throughput_img_s=t, top1=70.0 + i, batch_size=32, device="cpu")
+            for i, t in enumerate(throughputs)]
+    fig = benchmark.tradeoff_figure(rows)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_xticklabels(minor=False) + ax.get_xticklabels(minor=True)
+              if t.get_text() and ax.get_xlim()[0] <= t.get_position()[0] <= ax.get_xlim()[1]]
+    boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
+    assert labels, "the axis needs at least one number"
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes[:-1], boxes[1:], strict=True)), [t.get_text() for t in labels]
+    plt.close(fig)

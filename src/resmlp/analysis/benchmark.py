@@ -550,11 +550,22 @@ def plot_tradeoff(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Throughput (log scale) vs top-1 of the rows that have an accuracy, like the paper's trade-off plots."""
     import io
 
+    from matplotlib import pyplot as plt
+
+    fig = tradeoff_figure(rows)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    return atomic_write(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))
+
+
+def tradeoff_figure(rows: list[dict[str, Any]]):
+    """The figure of `plot_tradeoff`."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import LogFormatter
 
     points = [r for r in rows if r["top1"] is not None]
     if not points:
@@ -571,14 +582,12 @@ def plot_tradeoff(rows: list[dict[str, Any]], path: str | Path) -> Path:
         )
         note.set_in_layout(False)  # long names must not squeeze the axes
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(ScalarFormatter())
+    # plain numbers; minor ticks labelled only over a short range (every minor label over decades overlapped)
+    ax.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
     ax.margins(x=0.25, y=0.15)
     ax.set_xlabel(f"Throughput (images/s, batch {points[0]['batch_size']}, {points[0]['device']})")
     ax.set_ylabel("Top-1 accuracy (%)")
     ax.grid(alpha=0.3, which="both")
     ax.set_title("Accuracy vs throughput on this machine", fontsize=10)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    return atomic_write(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))
+    return fig
