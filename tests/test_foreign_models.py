@@ -113,3 +113,15 @@ def test_finetune_takes_a_run_folder_as_eval_does(tmp_path):
     assert main(["finetune", str(run), "--output", str(tmp_path / "ft"), *TINY]) == 0  # before: "does not exist"
     config = json.loads((tmp_path / "ft" / "config.json").read_text())
     assert config["model"]["name"] == str((run / "best.safetensors").resolve())
+
+
+def test_a_timm_student_distils_from_a_checkpoint_teacher_on_a_resmlp_recipe(tmp_path):
+    teacher = tmp_path / "teacher.safetensors"
+    resmlp.save(resmlp.create_model("resmlp_s12", img_size=28, patch_size=7, in_chans=1, num_classes=3, dim=16,
+                                    depth=1), teacher)
+    run = tmp_path / "student"
+    assert main(["train", "--recipe", "fashion-mnist-distill", "--model", "timm:resnet10t", "--distill",
+                 str(teacher), "--output", str(run), *TINY]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["task"] == "distillation" and summary["teacher"]["spec"] == str(teacher)
+    assert json.loads((run / "config.json").read_text())["model"]["name"] == "timm:resnet10t"

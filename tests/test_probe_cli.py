@@ -90,3 +90,14 @@ def test_accuracies_are_the_exact_percentages_of_counts():
     test_y = np.zeros(25, dtype=np.int64)  # the 18 that look like class 1 are labelled 0: wrong
     assert knn_accuracy(train_x, train_y, test_x, test_y, k=1) == 28.0
     assert linear_probe_accuracy(train_x, train_y, test_x, test_y) == 28.0
+
+
+def test_the_linear_probes_fit_says_it_is_running_unless_progress_is_off(tmp_path, capsys):
+    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=0, dim=16, depth=1)
+    meta = {"preprocess": {"img_size": 16, "crop_pct": 1.0, "interpolation": "bicubic", "mean": [0.5],
+                           "std": [0.25], "in_chans": 1}}
+    ckpt = str(resmlp.save(model, tmp_path / "m.safetensors", meta))
+    assert main(["eval-linear", ckpt, "--data", "synthetic"]) == 0
+    assert "fitting the linear probe on 256 features of 16 dimensions" in capsys.readouterr().err  # before: silent
+    assert main(["eval-linear", ckpt, "--data", "synthetic", "--no-progress"]) == 0
+    assert "fitting" not in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,10 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     if method == "knn":
         key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)
     else:
+        if progress:  # the fit shows no bar of its own and takes a while on a large training split
+            train_x = split_features[0]
+            print(f"fitting the linear probe on {len(train_x)} features of {train_x.shape[1]} dimensions ...",
+                  file=sys.stderr, flush=True)
         key, top1 = "linear_top1", linear_probe_accuracy(*split_features)
     summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": data,
                "train_images": len(split_features[1]), "test_images": len(split_features[3]),
