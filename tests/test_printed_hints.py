@@ -174,3 +174,16 @@ def test_the_closing_lines_name_every_file_as_the_user_named_the_run(tmp_path, c
     assert len(paths) == 4 and all(p.startswith("runs/x/") for p in paths), paths  # before: some absolute
     assert "(TensorBoard: runs/x/tensorboard)" in "\n".join(lines)
     assert all((tmp_path / p).exists() for p in paths)
+
+
+def test_a_bare_timm_name_says_how_to_write_it_and_the_spelling_runs(tmp_path, capsys):
+    tiny = [*_sets({**FAST, "data.kind": "synthetic", "data.synthetic_size": [16, 8], "train.batch_size": 8,
+                    "data.val_size": 0}), "--epochs", "1"]
+    assert main(["train", "--model", "resnet10t", "--output", str(tmp_path / "a"), *tiny]) == 2
+    spelled = capsys.readouterr().err.split("write ", 1)[1].split()[0]
+    assert spelled == "timm:resnet10t"
+    assert main(["train", "--model", spelled, "--output", str(tmp_path / "a"), *tiny]) == 0
+    assert main(["benchmark", "--models", "resnet10t"]) == 2
+    spelled = capsys.readouterr().err.split("write ", 1)[1].split()[0]
+    assert main(["benchmark", "--models", spelled, "--repeats", "1", "--warmup", "1", "--min-time", "0",
+                 "--batch-size", "1", "--large-batch", "0", "--img-size", "32", "--no-progress"]) == 0
