@@ -125,3 +125,12 @@ def test_a_timm_student_distils_from_a_checkpoint_teacher_on_a_resmlp_recipe(tmp
     summary = json.loads((run / "summary.json").read_text())
     assert summary["task"] == "distillation" and summary["teacher"]["spec"] == str(teacher)
     assert json.loads((run / "config.json").read_text())["model"]["name"] == "timm:resnet10t"
+
+
+def test_a_timm_model_that_takes_the_image_size_is_built_for_the_datas(tmp_path):
+    # test_vit has 16-px patches: at the quickstart's 28 px it cannot be built, at 32 it must be built for 32
+    assert main(["train", "--model", "timm:test_vit", "--output", str(tmp_path / "a"), *TINY]) == 2
+    run = tmp_path / "b"
+    assert main(["train", "--model", "timm:test_vit", "--output", str(run), *TINY, "--set", "model.img_size=32"]) == 0
+    model = resmlp.load(run / "best.safetensors")
+    assert tuple(model.patch_embed.img_size) == (32, 32)  # before: built for 224 and fed 32-px images

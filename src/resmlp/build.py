@@ -89,15 +89,27 @@ def check_constructor_keys(name: ModelName, overrides: dict[str, Any]) -> str | 
     computes nothing: before any data is read."""
     if name.kind not in ("timm", "torchvision") or not overrides:
         return None
-    kwargs = {k: v for k, v in overrides.items() if k != "img_size"}  # the data's size, not an argument
     in_chans, img_size = model_input(name, overrides)
     try:
         with torch.device("meta"), torch.no_grad():
-            build_model(name, **kwargs)(torch.empty(2, in_chans, img_size, img_size))
+            build_model_for_input(name, **overrides)(torch.empty(2, in_chans, img_size, img_size))
     except Exception as e:  # a model fails in its own words (TypeError, AssertionError, AttributeError...)
         keys = ", ".join(f"model.{k}={v!r}" for k, v in overrides.items())
         return f"{name} cannot be built with {keys}: {' '.join(str(e).split())[:300]}"
     return None
+
+
+def build_model_for_input(spec: str | ModelName, **kwargs: Any) -> nn.Module:
+    """`build_model` for a model that is fed `img_size` images: a timm model that takes the size as an argument
+    (ViT, Mixer) is built for it; one that takes any size (a convnet) refuses the argument and is built
+    without it; torchvision's classifiers take any size."""
+    name = spec if isinstance(spec, ModelName) else parse_model_name(spec)
+    if name.kind == "timm" and "img_size" in kwargs:
+        try:
+            return build_model(name, **kwargs)
+        except TypeError:  # "unexpected keyword argument 'img_size'": a convnet
+            pass
+    return build_model(name, **{k: v for k, v in kwargs.items() if k != "img_size" or name.kind == "preset"})
 
 
 def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans: int | None = None,

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from resmlp import reporting
-from resmlp.build import build_model, freeze_layers, resmlp_start, timm_start
+from resmlp.build import build_model, build_model_for_input, freeze_layers, resmlp_start, timm_start
 from resmlp.evaluation import EVAL_BATCH_SIZE, classify, eval_batches_or_loader
 from resmlp.preprocess import Preprocess
 from resmlp.train.config import TrainConfig
@@ -121,8 +121,8 @@ class SupervisedTask(Task):
             from resmlp.models.resmlp import ResMLP
 
             return ResMLP(cfg.model_config(num_classes))
-        overrides = {k: v for k, v in cfg.model_overrides.items() if k not in ("img_size", "num_classes")}
-        return build_model(cfg.model_name, num_classes=num_classes, **overrides)
+        overrides = {k: v for k, v in cfg.model_overrides.items() if k != "num_classes"}
+        return build_model_for_input(cfg.model_name, num_classes=num_classes, **overrides)
 
     def build_loss(self, trainer: TrainerView, num_classes: int) -> LossFn:
         return supervised_loss(self.cfg, num_classes)
