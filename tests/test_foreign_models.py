@@ -134,3 +134,17 @@ def test_a_timm_model_that_takes_the_image_size_is_built_for_the_datas(tmp_path)
     assert main(["train", "--model", "timm:test_vit", "--output", str(run), *TINY, "--set", "model.img_size=32"]) == 0
     model = resmlp.load(run / "best.safetensors")
     assert tuple(model.patch_embed.img_size) == (32, 32)  # before: built for 224 and fed 32-px images
+
+
+def test_a_torchvision_checkpoint_is_named_as_one_and_refused_in_one_line_where_it_cannot_go(tmp_path, capsys):
+    from resmlp.build import build_model
+
+    path = tmp_path / "tv.safetensors"
+    resmlp.save(build_model("torchvision:resnet18", num_classes=3, in_chans=1), path,
+                metadata={"preprocess": {"img_size": 32, "in_chans": 1, "mean": [0.5], "std": [0.25]}})
+    for argv, words in ((["export", str(path), "--output", str(tmp_path / "m.onnx")], "(a torchvision model)"),
+                        (["analyze", str(path), "--output", str(tmp_path / "an")], "(a torchvision model)"),
+                        (["eval-knn", str(path), "--data", "synthetic"], "evaluate it with resmlp eval")):
+        assert main(argv) == 2  # before: "(a timm model)"; eval-knn: an AttributeError traceback
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err

@@ -34,3 +34,8 @@ def build_torchvision(name: str, in_chans: int | None = None, **kwargs: Any) -> 
     model.torchvision_spec = {"name": name, "in_chans": in_chans, "kwargs": kwargs}
     model.num_classes = kwargs.get("num_classes", 1000)  # as timm's models say it (torchvision's default: 1000)
     return model
+
+
+def library_of(model: nn.Module) -> str:
+    """Which library a model read from a checkpoint comes from, for messages: torchvision or timm."""
+    return "torchvision" if getattr(model, "torchvision_spec", None) else "timm"
