@@ -4,6 +4,7 @@ checkpoint does not hold); `resmlp eval` names what it measured: the split's key
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import numpy as np
@@ -187,3 +188,14 @@ def test_a_bare_timm_name_says_how_to_write_it_and_the_spelling_runs(tmp_path, c
     spelled = capsys.readouterr().err.split("write ", 1)[1].split()[0]
     assert main(["benchmark", "--models", spelled, "--repeats", "1", "--warmup", "1", "--min-time", "0",
                  "--batch-size", "1", "--large-batch", "0", "--img-size", "32", "--no-progress"]) == 0
+
+
+def test_the_final_test_scoring_shows_progress_unless_it_is_off(tmp_path, capsys):
+    tiny = {**FAST, "data.kind": "synthetic", "data.synthetic_size": [16, 600], "train.batch_size": 8,
+            "model.dim": 16, "model.depth": 1, "data.val_size": 0}
+    assert main(["train", "--output", str(tmp_path / "a"), "--epochs", "1",
+                 *_sets({**tiny, "train.progress": True})]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"test split: .*\b\d/3\b", err)  # 600 images in batches of 256: 3; before: nothing shown
+    assert main(["train", "--output", str(tmp_path / "b"), "--epochs", "1", *_sets(tiny)]) == 0
+    assert "test split" not in capsys.readouterr().err

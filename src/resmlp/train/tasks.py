@@ -66,13 +66,25 @@ class Task:
     def test_scores(self, trainer: TrainerView, model: nn.Module) -> dict[str, float]:
         """Scores of `model` on the test split, computed once at the end of a run (never for selection), in
         `resmlp eval`'s batches: the same checkpoint, precision and device give `resmlp eval`'s number."""
-        result = self._classify(trainer, model, trainer.data.test, trainer.data.test_batched, EVAL_BATCH_SIZE)
+        result = self._classify(trainer, model, trainer.data.test, trainer.data.test_batched, EVAL_BATCH_SIZE,
+                                progress="test split")
         return dict(top1=result["top1"], top5=result["top5"])
 
     def _classify(self, trainer: TrainerView, model: nn.Module, dataset, batched,
-                  batch_size: int | None = None) -> dict[str, Any]:
-        batches = eval_batches_or_loader(dataset, batched, batch_size or trainer.micro_batch,
-                                         self.cfg.data.num_workers, trainer.info, trainer.info.device)
+                  batch_size: int | None = None, progress: str | None = None) -> dict[str, Any]:
+        """`progress`: a bar of that name on the main process, when the run shows progress (the final test
+        scoring can take minutes with nothing else on the screen)."""
+        batch_size = batch_size or trainer.micro_batch
+        batches = eval_batches_or_loader(dataset, batched, batch_size, self.cfg.data.num_workers, trainer.info,
+                                         trainer.info.device)
+        if progress and self.cfg.train.progress and trainer.info.is_main:
+            import sys
+
+            from tqdm.auto import tqdm
+
+            total = -(-len(dataset) // (batch_size * trainer.info.world_size))  # this rank's share
+            batches = tqdm(batches, desc=progress, unit="batch", total=total, file=sys.stderr, dynamic_ncols=True,
+                           leave=False)
         return classify(model, batches, len(trainer.data.class_names), trainer.info.device, trainer.amp,
                         trainer.info)
 
