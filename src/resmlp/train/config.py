@@ -133,8 +133,8 @@ def _drop_keys_of_another_model(raw: dict[str, Any], sources: dict[str, str], re
     for key in dropped:
         del model[key]
     if dropped:
-        warnings.warn(f"model {name}: the {origin}'s model keys {', '.join(dropped)} (written for "
-                      f"{recipe_model}) do not apply to it and are dropped", stacklevel=3)
+        warnings.warn(f"model {name}: model keys {', '.join(dropped)} of {origin} (written for {recipe_model}) do "
+                      "not apply to it and are dropped", stacklevel=3)
 
 
 def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
