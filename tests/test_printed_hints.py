@@ -199,3 +199,22 @@ def test_the_final_test_scoring_shows_progress_unless_it_is_off(tmp_path, capsys
     assert re.search(r"test split: .*\b\d/3\b", err)  # 600 images in batches of 256: 3; before: nothing shown
     assert main(["train", "--output", str(tmp_path / "b"), "--epochs", "1", *_sets(tiny)]) == 0
     assert "test split" not in capsys.readouterr().err
+
+
+def test_translate_train_says_what_it_prepares_and_resumes_from_the_runs_own_config(tmp_path, capsys):
+    from num2words import num2words
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, start, count in (("train", 0, 48), ("valid", 500, 4), ("test", 900, 4)):
+        for lang in ("en", "de"):
+            numbers = range(start, start + count)
+            (corpus / f"{split}.{lang}").write_text("".join(num2words(n, lang=lang) + "\n" for n in numbers))
+    run = str(tmp_path / "run")
+    small = ["--preset", "tiny", "--vocab-size", "60", "--beam", "1", "--threads", "1"]
+    assert main(["translate", "train", "--data", str(corpus), "--src-suffix", "en", "--tgt-suffix", "de",
+                 "--output", run, "--max-steps", "1", *small]) == 0
+    assert "preparing the data and the tokenizer" in capsys.readouterr().err  # before: nothing until the bar
+    # before: "one of the arguments --task --data is required"; the run's own data, model and schedule
+    assert main(["translate", "train", "--output", run, "--resume", "--max-steps", "2", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 2

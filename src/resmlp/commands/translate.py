@@ -86,6 +86,12 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     add_threads_argument(p)
 
 
+def _preparing(args: argparse.Namespace) -> None:
+    """A line before the work that shows no bar (making the built-in task, training the tokenizer, encoding)."""
+    if args.progress:
+        print("translate train: preparing the data and the tokenizer ...", file=sys.stderr, flush=True)
+
+
 def run_translate_train(args: argparse.Namespace) -> int:
     from resmlp.seq2seq.decoding import check_beam
     from resmlp.seq2seq.train import TranslationConfig, train_translation
@@ -98,6 +104,7 @@ def run_translate_train(args: argparse.Namespace) -> int:
         _, cfg = _run_config(args.output)
         given = {key: getattr(args, key) for key, default in RUN_CONTROL.items() if getattr(args, key) != default}
         cfg = dataclasses.replace(cfg, output=args.output, progress=args.progress, **given)
+        _preparing(args)
         summary = train_translation(cfg, resume=True)
         if summary:
             print(json.dumps(summary, indent=2))
@@ -116,6 +123,7 @@ def run_translate_train(args: argparse.Namespace) -> int:
         clip_norm=args.clip_norm, precision=args.precision, beam=args.beam, lenpen=args.lenpen,
         seed=args.seed, device=args.device, threads=args.threads, progress=args.progress,
     )
+    _preparing(args)
     summary = train_translation(cfg, resume=args.resume)
     if summary:
         print(json.dumps(summary, indent=2))
