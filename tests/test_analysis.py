@@ -198,3 +198,24 @@ def test_analyze_cli_takes_a_run_folder_and_refuses_a_timm_model_in_one_line(tmp
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "ResMLP and MLP-Mixer checkpoints only" in err
     assert not (tmp_path / "other").exists()
+
+
+def test_captions_describe_the_checkpoint_shown_not_the_papers_findings(tmp_path):
+    from resmlp.analysis import filters
+
+    model = resmlp.create_model("resmlp_s12", **TINY)
+    with torch.no_grad():
+        for block in model.blocks:  # a dense, non-local A; a sparse channel MLP: the opposite of the paper's
+            block.cross_patch.weight.fill_(1.0)
+            block.channel_mlp.fc1.weight.zero_()[0, 0] = 1.0
+            block.channel_mlp.fc2.weight.zero_()[0, 0] = 1.0
+    report = write_report(model, tmp_path, threshold=0.1)
+    rows, sparse = report.figures["cross_patch_rows.png"], report.figures["sparsity.png"]
+    # before: "Trained models show convolution-like local filters early ..." and "A are sparser than the channel MLP"
+    assert "Trained models show" not in rows and "In trained ResMLPs" not in sparse
+    assert "Here A is no sparser than the channel MLP: 0% of its weights are small against 100%" in sparse
+    share, uniform = filters.local_weight_share(np.ones((16, 16)), 4)
+    assert share == pytest.approx(uniform) == pytest.approx((4 * 4 + 8 * 6 + 4 * 9) / 16 / 16)
+    assert f"layer 1 {share:.0%}" in rows and f"(uniform weights: {uniform:.0%})" in rows
+    identity_share, _ = filters.local_weight_share(np.eye(16), 4)
+    assert identity_share == 1.0  # all weight on the patch itself: fully local

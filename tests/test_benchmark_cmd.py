@@ -318,3 +318,54 @@ def test_gpu_rows_run_in_their_precision_and_compile_mode(monkeypatch, precision
         assert (r["device"], r["precision"], r["compile"], r["gpu"]) == ("cuda", precision, compile,
                                                                           torch.cuda.get_device_name())
         assert r["throughput_img_s"] > 0 and r["throughput_large_img_s"] > 0 and r["peak_memory_mb"] >= 0
+
+
+def test_the_default_models_are_named_in_the_grammar_the_command_takes():
+    from resmlp.commands.benchmark import DEFAULT_MODELS
+
+    specs = benchmark.parse_models(DEFAULT_MODELS)  # before: 'resmlp_12_224' was refused at once
+    assert len(specs) == len(DEFAULT_MODELS.split(",")) and "timm:resmlp_12_224" in [s.name for s in specs]
+
+
+def test_torchvision_models_and_convnet_checkpoints_take_the_benchmarks_size(tmp_path):
+    import timm
+
+    model, shape = benchmark.build_model(benchmark.parse_spec("torchvision:resnet18"), img_size=32)
+    assert shape == (3, 32, 32)  # before: ResNet.__init__() got an unexpected keyword argument 'img_size'
+    path = resmlp.save(timm.create_model("resnet10t", in_chans=1, num_classes=4), tmp_path / "cnn.safetensors",
+                       metadata={"preprocess": {"img_size": 28, "in_chans": 1}})
+    model, shape = benchmark.build_model(benchmark.parse_spec(str(path)), img_size=32)
+    assert shape == (1, 32, 32)  # the channels it was trained on
+    model, shape = benchmark.build_model(benchmark.parse_spec(str(path)))
+    assert shape == (1, 28, 28)
+    with torch.no_grad():
+        assert model(torch.zeros(1, *shape)).shape == (1, 4)
+
+
+def test_the_table_shows_a_models_bracketed_overrides(capsys):
+    import argparse
+
+    from resmlp.commands.benchmark import print_table
+
+    row = dict(model=TINY_OURS, img_size=32, params_m=0.1, gmacs=0.01, throughput_img_s=1.0,
+               throughput_b1_img_s=1.0, path="plain", peak_memory_mb=1.0, weights_mb=1.0, top1=None, threads=1,
+               precision="fp32")
+    print_table(argparse.Namespace(batch_size=4, large_batch=0, compile=None, path="plain", repeats=1), [row], "cpu")
+    assert "[dim=32,depth=2" in capsys.readouterr().out  # before: read as rich markup and dropped
+
+
+@pytest.mark.parametrize("throughputs", [(3.0, 40.0, 900.0), (150.0, 210.0, 380.0), (2000.0, 2400.0, 2600.0)])
+def test_the_tradeoff_plots_x_labels_do_not_overlap(throughputs):
+    from matplotlib import pyplot as plt
+
+    rows = [dict(model=f"m{i}", throughput_img_s=t, top1=70.0 + i, batch_size=32, device="cpu")
+            for i, t in enumerate(throughputs)]
+    fig = benchmark.tradeoff_figure(rows)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_xticklabels(minor=False) + ax.get_xticklabels(minor=True)
+              if t.get_text() and ax.get_xlim()[0] <= t.get_position()[0] <= ax.get_xlim()[1]]
+    boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
+    assert labels, "the axis needs at least one number"
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes[:-1], boxes[1:], strict=True)), [t.get_text() for t in labels]
+    plt.close(fig)

@@ -35,3 +35,32 @@ def test_each_training_command_offers_what_it_accepts():
     finetune = commands["resmlp finetune"].format_help()
     assert "--model " not in finetune and "--input-size" not in finetune and "--img-size" in finetune
     assert "--model MODEL" in commands["resmlp train"].format_help()
+
+
+def test_help_says_what_the_commands_do_with_their_options(capsys):
+    """--plot needs --accuracy or --val-data; the probes classify a folder's test/ when it has one."""
+    import pytest
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["benchmark", "--help"])
+    assert "needs --accuracy or --val-data" in " ".join(capsys.readouterr().out.split())
+    for command in ("eval-knn", "eval-linear"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "folders: val" not in text and "DIR/test when it exists, else DIR/val" in text
+
+
+def test_models_takes_a_filter_and_writes_csv(capsys):
+    import csv
+    import io
+
+    from resmlp.cli import main
+
+    assert main(["models", "*cmlp*", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert {r["name"] for r in rows} >= {"resmlp_s12_cmlp", "resmlp_s24_cmlp", "S12 avg pooling -> class-MLP"}
+    assert all("cmlp" in r["name"] or "cmlp" in r["preset"] for r in rows)
+    assert float(next(r for r in rows if r["name"] == "resmlp_s12_cmlp")["params_m"]) == 17.72
+    assert main(["models", "nothing*"]) == 2
+    assert "no preset or Table 3 row matches" in capsys.readouterr().err

@@ -167,3 +167,21 @@ def test_distillation_with_teacher_cache_trains_the_same_weights(tmp_path):
     teacher_record = runs[True]["teacher"]
     assert teacher_record["weights_sha256"] == hashlib.sha256((tmp_path / "t.safetensors").read_bytes()).hexdigest()
     assert 0 <= teacher_record["val_top1"] <= 100
+
+
+@pytest.mark.parametrize("names,words", [(["3", "2", "1", "0"], "the same classes in another order"),
+                                         (["cat", "dog", "fox", "owl"], "other classes")])
+def test_a_teacher_of_other_classes_is_refused_before_training(tmp_path, capsys, names, words):
+    from resmlp.data import build_dataset
+
+    data_names = build_dataset("synthetic", "train", None, 1, synthetic_size=(8, 8)).class_names
+    teacher = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=4, dim=16,
+                                  depth=1)
+    # the same class count as the data: only the names (the meaning of each logit) tell them apart
+    labels = [data_names[int(n)] for n in names] if names[0].isdigit() else names
+    resmlp.save(teacher, tmp_path / "t.safetensors", metadata={"class_names": labels})
+    args = ["train", "--output", str(tmp_path / "run"), "--distill", str(tmp_path / "t.safetensors")]
+    assert main(args + [f"--set={k}={v}" for k, v in TINY.items()]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "distil from a teacher trained on this dataset" in err
+    assert not (tmp_path / "run" / "last.pth").exists()

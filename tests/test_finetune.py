@@ -89,8 +89,23 @@ def test_errors_come_before_any_step(tmp_path, source):
         finetune(path, "fashion-mnist-quick", tmp_path / "a", TINY, img_size=18)
     convnet = timm.create_model("resnet10t", in_chans=1, num_classes=4)
     resmlp.save(convnet, tmp_path / "cnn.safetensors")
-    with pytest.raises(ValueError, match="not a ResMLP or MLP-Mixer"):
-        finetune(tmp_path / "cnn.safetensors", "fashion-mnist-quick", tmp_path / "b", TINY)
+    with pytest.raises(ValueError, match="counting blocks is for ResMLP/Mixer"):
+        finetune(tmp_path / "cnn.safetensors", "fashion-mnist-quick", tmp_path / "b", TINY, freeze=1)
     with pytest.raises(ValueError, match="has 3 blocks"):
         finetune(path, "fashion-mnist-quick", tmp_path / "c", TINY, freeze=5)
     assert not any((tmp_path / d / "last.pth").exists() for d in "abc")
+
+
+def test_a_timm_models_checkpoint_finetunes_with_a_new_head_and_its_dropout(tmp_path):
+    convnet = timm.create_model("resnet10t", in_chans=1, num_classes=7)
+    resmlp.save(convnet, tmp_path / "cnn.safetensors", metadata={"preprocess": {"img_size": 16, "in_chans": 1,
+                                                                               "mean": [0.5], "std": [0.25]}})
+    summary = finetune(tmp_path / "cnn.safetensors", "fashion-mnist-quick", tmp_path / "ft",
+                       {**TINY, "model.drop_rate": 0.1}, freeze="all-but-head")
+    tuned = resmlp.load(summary["checkpoint"])
+    assert isinstance(tuned, timm.models.ResNet) and tuned.num_classes == 4 and tuned.drop_rate == 0.1
+    # frozen but the head: the trunk is the checkpoint's, the head learned
+    assert torch.equal(tuned.conv1[0].weight, convnet.conv1[0].weight)
+    config = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert config["data"]["mean"] == [0.5]
+    assert resmlp.read_metadata(summary["checkpoint"])["preprocess"]["img_size"] == 16

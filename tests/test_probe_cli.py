@@ -80,3 +80,24 @@ def test_knn_progress_has_a_total_and_no_progress_silences_it(tmp_path, capsys):
     assert "features" not in capsys.readouterr().err
     args = build_parser().parse_args(["train", "--output", "x", "--no-progress"])
     assert training_overrides(args) == {"train.progress": False}
+
+
+def test_accuracies_are_the_exact_percentages_of_counts():
+    # 7 of 25 right: 28 %, as 100 * 7 / 25 gives it (0.28 * 100 was 28.000000000000004 in summary.json)
+    train_x = np.array([[1.0, 0.0], [0.0, 1.0]] * 10, dtype=np.float32)
+    train_y = np.array([0, 1] * 10)
+    test_x = np.array([[1.0, 0.0]] * 7 + [[0.0, 1.0]] * 18, dtype=np.float32)
+    test_y = np.zeros(25, dtype=np.int64)  # the 18 that look like class 1 are labelled 0: wrong
+    assert knn_accuracy(train_x, train_y, test_x, test_y, k=1) == 28.0
+    assert linear_probe_accuracy(train_x, train_y, test_x, test_y) == 28.0
+
+
+def test_the_linear_probes_fit_says_it_is_running_unless_progress_is_off(tmp_path, capsys):
+    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=0, dim=16, depth=1)
+    meta = {"preprocess": {"img_size": 16, "crop_pct": 1.0, "interpolation": "bicubic", "mean": [0.5],
+                           "std": [0.25], "in_chans": 1}}
+    ckpt = str(resmlp.save(model, tmp_path / "m.safetensors", meta))
+    assert main(["eval-linear", ckpt, "--data", "synthetic"]) == 0
+    assert "fitting the linear probe on 256 features of 16 dimensions" in capsys.readouterr().err  # before: silent
+    assert main(["eval-linear", ckpt, "--data", "synthetic", "--no-progress"]) == 0
+    assert "fitting" not in capsys.readouterr().err

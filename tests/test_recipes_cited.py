@@ -50,7 +50,7 @@ CITED: dict[str, dict[str, tuple[object, str, str]]] = {
         "schedule.min_lr": (1e-5, DEIT_DEFAULT, "--min-lr 1e-5"),
         "loss.label_smoothing": (0.1, D106, "smoothing: 0.1"),
         "train.batch_size": (2048, D106, "Batch size: 2048"),
-        "train.amp": ("none", D106, "FP16: False"),
+        "train.amp": ("fp32", D106, "FP16: False"),
         "train.clip_grad": (None, DEIT_DEFAULT, "--clip-grad None"),
     },
     "cifar-finetune": {
@@ -77,7 +77,7 @@ CITED: dict[str, dict[str, tuple[object, str, str]]] = {
         "schedule.min_lr": (1e-5, D117, "We have not changed the default value for min-lr"),
         "loss.label_smoothing": (0.1, D117, "Label smoothing: 0.1"),
         "train.batch_size": (768, D117, "global batch size: 768"),
-        "train.amp": ("none", D117, "Remove mixed precision: True"),
+        "train.amp": ("fp32", D117, "Remove mixed precision: True"),
     },
     "old-fashioned": {
         "model.name": ("resmlp_s12", "Table D.1", "ResMLP-S12"),
@@ -104,7 +104,7 @@ CITED: dict[str, dict[str, tuple[object, str, str]]] = {
         "schedule.decay_rate": (0.1, "[23]", "divided by 10"),
         "loss.label_smoothing": (0.0, "[23]", "plain cross-entropy"),
         "train.batch_size": (256, "Table D.1", "Batch size 256"),
-        "train.amp": ("none", D106, "FP16: False"),
+        "train.amp": ("fp32", D106, "FP16: False"),
     },
 }
 # keys that are not hyper-parameters of the method (where the data is, how many loader workers, how often to save,

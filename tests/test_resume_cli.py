@@ -41,3 +41,19 @@ def test_ctrl_c_says_how_to_resume(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(resmlp.train, "train", interrupted)
     assert main(["train", "--output", str(run)]) == 130
     assert capsys.readouterr().err.strip().endswith(f"continue it with: resmlp train --output {run} --resume")
+
+
+def test_ctrl_c_before_the_first_state_file_says_there_is_nothing_to_resume_and_how_to_save_sooner(
+        tmp_path, capsys, monkeypatch):
+    import resmlp.train
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(resmlp.train, "train", interrupted)
+    assert main(["train", "--output", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err.strip()  # before: "interrupted" and nothing else
+    assert "nothing to resume yet" in err and "--set train.checkpoint_every_steps=N" in err
+    from resmlp.train.config import load_config
+
+    assert load_config("fashion-mnist-quick", ["train.checkpoint_every_steps=50"]).train.checkpoint_every_steps == 50

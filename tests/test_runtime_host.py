@@ -54,7 +54,7 @@ def test_a_onednn_isa_cap_below_bf16_means_emulated_bf16(bf16_cpu, monkeypatch, 
 
 def test_explicit_precision_is_kept_and_bad_ones_are_explained():
     assert runtime.resolve_amp("bf16", CPU) == "bf16" and runtime.resolve_amp("none", CPU) == "none"
-    with pytest.raises(ValueError, match="fp16 needs a GPU"):
+    with pytest.raises(ValueError, match="fp16 runs on a CUDA GPU only"):
         runtime.resolve_amp("fp16", CPU)
     with pytest.raises(ValueError, match="amp must be one of"):
         runtime.resolve_amp("fp8", CPU)

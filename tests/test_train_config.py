@@ -9,8 +9,11 @@ from resmlp.train.config import RECIPES, load_config, parse_overrides
 
 
 @pytest.mark.parametrize("name", RECIPES)
-def test_shipped_recipes_validate(name, tmp_path):
+def test_shipped_recipes_validate(name, tmp_path, monkeypatch):
     needs_dir = name in ("deit", "old-fashioned", "cifar-finetune")  # ImageNet folders, CIFAR: no default place
+    monkeypatch.chdir(tmp_path)  # a recipe's teacher (runs/teacher/best.safetensors) is checked to exist: here
+    (tmp_path / "runs" / "teacher").mkdir(parents=True)
+    (tmp_path / "runs" / "teacher" / "best.safetensors").write_bytes(b"")
     cfg = load_config(name, {"data.dir": str(tmp_path)} if needs_dir else None)
     assert cfg.recipe == name
     if cfg.model_name.kind == "preset":  # a timm architecture (the convnet teacher) has no ResMLPConfig
@@ -24,7 +27,7 @@ def test_deit_recipe_matches_the_paper():
     assert (cfg.data.mixup, cfg.data.cutmix, cfg.data.reprob) == (0.8, 1.0, 0.25)
     assert cfg.data.auto_augment == "rand-m9-mstd0.5-inc1" and cfg.data.repeated_aug == 3
     assert cfg.loss.label_smoothing == 0.1 and cfg.model["drop_path_rate"] > 0
-    assert cfg.data.crop_pct == 0.9 and cfg.model["drop_path_rate"] == 0.05 and cfg.train.amp == "none"
+    assert cfg.data.crop_pct == 0.9 and cfg.model["drop_path_rate"] == 0.05 and cfg.train.amp == "fp32"
     old = load_config("old-fashioned", {"data.dir": "."})
     assert (old.optim.name, old.schedule.name, old.schedule.epochs) == ("sgd", "step", 90)
     assert old.data.auto_augment is None and old.data.mixup == old.data.cutmix == old.data.reprob == 0
@@ -66,3 +69,13 @@ def test_bad_sections_models_and_recipes(tmp_path):
     path.write_text(yaml.safe_dump({"model": {"name": "mixer_s16", "img_size": 32}, "train": {"amp": "none"}}))
     cfg = load_config(path)
     assert cfg.recipe == "r" and cfg.model["name"] == "mixer_s16" and cfg.train.amp == "none"
+
+
+def test_train_amp_takes_fp32_the_word_of_the_flags_and_reports():
+    import torch
+
+    from resmlp.runtime import resolve_amp
+    from resmlp.train.config import load_config
+
+    amp = load_config("fashion-mnist-quick", {"train.amp": "fp32"}).train.amp  # before: refused
+    assert resolve_amp(amp, torch.device("cpu")) == resolve_amp("none", torch.device("cpu")) == "none"

@@ -150,7 +150,7 @@ def test_folder_with_corrupt_images_trains_and_counts_them(tmp_path):
 
 
 def test_runtime_errors_are_clear(tmp_path):
-    with pytest.raises(ValueError, match="fp16 needs a GPU"):
+    with pytest.raises(ValueError, match="fp16 runs on a CUDA GPU only"):
         train("fashion-mnist-quick", tmp_path / "a", overrides={**TINY, "train.amp": "fp16", "train.device": "cpu"})
     with pytest.raises(ValueError, match="divisible by processes x grad_accum"):
         train("fashion-mnist-quick", tmp_path / "b", overrides={**TINY, "train.grad_accum": 3})

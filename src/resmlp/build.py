@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from resmlp.models.torchvision_models import RepeatChannels
+
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 KINDS = ("preset", "timm", "torchvision", "file")
 
@@ -56,6 +58,60 @@ def parse_model_name(spec: str) -> ModelName:
                      f"a checkpoint file (.safetensors, .pth).{hint}")
 
 
+# the model keys a recipe written for another architecture still means for each kind of model: the data's
+# shape, the classes and (for timm, which takes them for every architecture; for a checkpoint, whose
+# architecture is the file's) the dropout rates. A preset takes every ResMLPConfig field.
+SHARED_MODEL_KEYS = {
+    "timm": ("in_chans", "img_size", "num_classes", "drop_rate", "drop_path_rate"),
+    "torchvision": ("in_chans", "img_size", "num_classes"),
+    "file": ("drop_rate", "drop_path_rate"),
+}
+
+
+def keys_not_applying(name: ModelName, keys: list[str]) -> list[str]:
+    """The model keys of a recipe written for another model that `name` does not take: for a preset, those
+    that are not ResMLPConfig fields; for timm, the ResMLP architecture fields (its other keys are timm
+    constructor arguments); for torchvision and a checkpoint, all but SHARED_MODEL_KEYS."""
+    import dataclasses
+
+    from resmlp.models.resmlp import ResMLPConfig
+
+    fields = {f.name for f in dataclasses.fields(ResMLPConfig)}
+    if name.kind == "preset":
+        return [k for k in keys if k not in fields]
+    shared = SHARED_MODEL_KEYS[name.kind]
+    return [k for k in keys if k not in shared and (k in fields or name.kind != "timm")]
+
+
+def check_constructor_keys(name: ModelName, overrides: dict[str, Any]) -> str | None:
+    """Why a timm:/torchvision: model cannot be built with these model keys or take the images they imply
+    (None when it can), found by building it and running it once on the meta device, which allocates and
+    computes nothing: before any data is read."""
+    if name.kind not in ("timm", "torchvision") or not overrides:
+        return None
+    in_chans, img_size = model_input(name, overrides)
+    try:
+        with torch.device("meta"), torch.no_grad():
+            build_model_for_input(name, **overrides)(torch.empty(2, in_chans, img_size, img_size))
+    except Exception as e:  # a model fails in its own words (TypeError, AssertionError, AttributeError...)
+        keys = ", ".join(f"model.{k}={v!r}" for k, v in overrides.items())
+        return f"{name} cannot be built with {keys}: {' '.join(str(e).split())[:300]}"
+    return None
+
+
+def build_model_for_input(spec: str | ModelName, **kwargs: Any) -> nn.Module:
+    """`build_model` for a model that is fed `img_size` images: a timm model that takes the size as an argument
+    (ViT, Mixer) is built for it; one that takes any size (a convnet) refuses the argument and is built
+    without it; torchvision's classifiers take any size."""
+    name = spec if isinstance(spec, ModelName) else parse_model_name(spec)
+    if name.kind == "timm" and "img_size" in kwargs:
+        try:
+            return build_model(name, **kwargs)
+        except TypeError:  # "unexpected keyword argument 'img_size'": a convnet
+            pass
+    return build_model(name, **{k: v for k, v in kwargs.items() if k != "img_size" or name.kind == "preset"})
+
+
 def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans: int | None = None,
                 weights: str | Path | None = None, **overrides: Any) -> nn.Module:
     """The model named by `spec`, with `num_classes` / `in_chans` when given and constructor `overrides`
@@ -83,16 +139,12 @@ def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans:
             raise ValueError(f"timm has no model {name.name!r} (see timm.list_models())")
         model = timm.create_model(name.name, pretrained=False, **sizes, **overrides)
     else:
-        import torchvision
+        from resmlp.models.torchvision_models import build_torchvision
 
-        if name.name not in torchvision.models.list_models(module=torchvision.models):
-            raise ValueError(f"torchvision has no classification model {name.name!r}")
-        model = torchvision.models.get_model(name.name, weights=None, **({"num_classes": num_classes}
-                                                                         if num_classes is not None else {}))
-    if weights is not None:
-        load_weights_file(model, weights, str(name))
-    if name.kind == "torchvision" and in_chans == 1:
-        model = RepeatChannels(model)  # torchvision classifiers take RGB
+        model = build_torchvision(name.name, in_chans, **overrides,
+                                  **({"num_classes": num_classes} if num_classes is not None else {}))
+    if weights is not None:  # the classifier's own weights, inside a grayscale wrapper
+        load_weights_file(model.model if isinstance(model, RepeatChannels) else model, weights, str(name))
     return model
 
 
@@ -109,14 +161,15 @@ def model_input(spec: str | ModelName, overrides: dict[str, Any] | None = None) 
     if name.kind == "file":
         cfg = _file_config(name.name)
         if cfg is None:
-            return overrides.get("in_chans", 3), overrides.get("img_size", 224)
+            in_chans, img_size = _trained_input(name.name)
+            return overrides.get("in_chans", in_chans), overrides.get("img_size", img_size)
         return cfg.in_chans, overrides.get("img_size") or cfg.img_size
     return overrides.get("in_chans", 3), overrides.get("img_size", 224)
 
 
 def _file_config(path: str):
     """A checkpoint's ResMLPConfig: from the safetensors header where ours holds it (no tensor is read), else
-    from the model built from the file (timm's and DeiT's files); None for a timm model's file."""
+    from the model built from the file (timm's and DeiT's files); None for a timm or torchvision model's file."""
     if path.endswith(".safetensors"):
         from resmlp.checkpoint import read_header
         from resmlp.models.resmlp import ResMLPConfig
@@ -124,18 +177,22 @@ def _file_config(path: str):
         header = read_header(path)
         if "config" in header:
             return ResMLPConfig.from_dict(header["config"])
+        if "timm" in header or "torchvision" in header:
+            return None
     return getattr(build_model(ModelName("file", path)), "config", None)
 
 
-class RepeatChannels(nn.Module):
-    """Grayscale input for an RGB model: the channel repeated three times."""
+def _trained_input(path: str) -> tuple[int, int]:
+    """(in_chans, img_size) a timm/torchvision model's checkpoint was trained on: the preprocessing a training
+    run records, else its constructor's in_chans; (3, 224) for a file that says neither."""
+    from resmlp.checkpoint import read_header
 
-    def __init__(self, model: nn.Module, times: int = 3) -> None:
-        super().__init__()
-        self.model, self.times = model, times
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x.repeat(1, self.times, 1, 1) if x.shape[1] == 1 else x)
+    header = read_header(path) if path.endswith(".safetensors") else {}
+    pre = header.get("extra", {}).get("preprocess")
+    pre = pre if isinstance(pre, dict) else {}
+    built = header.get("timm", {}).get("kwargs", {}).get("in_chans") or header.get("torchvision", {}).get("in_chans")
+    in_chans, img_size = pre.get("in_chans") or built or 3, pre.get("img_size") or 224
+    return (int(in_chans), int(img_size)) if isinstance(in_chans, int) and isinstance(img_size, int) else (3, 224)
 
 
 def load_weights_file(model: nn.Module, path: str | Path, what: str) -> nn.Module:
@@ -160,17 +217,33 @@ def load_weights_file(model: nn.Module, path: str | Path, what: str) -> nn.Modul
 
 
 # ------------------------------------------------------------------------------------------ fine-tuning starts
-def load_resmlp_start(checkpoint: str | Path, img_size: int | None = None) -> nn.Module:
-    """A ResMLP/Mixer checkpoint as a model at `img_size`; clear errors for other architectures or sizes."""
-    from resmlp.models.resmlp import ResMLP
+def resmlp_start(model: nn.Module, img_size: int | None = None) -> nn.Module:
+    """A ResMLP/Mixer read from a checkpoint, at `img_size` (a clear error for a grid the resize cannot reach)."""
     from resmlp.transfer import change_resolution
 
-    model = build_model(str(checkpoint))
-    if not isinstance(model, ResMLP):
-        raise ValueError(f"{checkpoint} holds a {type(model).__name__} (timm), not a ResMLP or MLP-Mixer; "
-                         "fine-tuning starts from ResMLP/Mixer checkpoints (ours, timm's or DeiT's)")
     if img_size is not None and img_size != model.config.img_size:
-        model = change_resolution(model, img_size)  # raises for a grid the resize cannot reach
+        model = change_resolution(model, img_size)
+    return model
+
+
+def timm_start(start: nn.Module, checkpoint: str | Path, num_classes: int, **overrides: Any) -> nn.Module:
+    """A timm model read from a checkpoint, rebuilt for fine-tuning: the dataset's classes and the run's
+    `overrides` (dropout), with every weight of the file but the classifier's (a new head, as for a ResMLP)."""
+    import timm
+
+    arch = getattr(start, "pretrained_cfg", {}).get("architecture")
+    classifier = getattr(start, "pretrained_cfg", {}).get("classifier")
+    if not arch or not classifier:
+        raise ValueError(f"{checkpoint} holds a {type(start).__name__}, not a ResMLP, MLP-Mixer or timm model; "
+                         "fine-tuning starts from those checkpoints")
+    model = timm.create_model(arch, pretrained=False, **{**getattr(start, "_model_args", {}), **overrides,
+                                                         "num_classes": num_classes})
+    state = {k: v for k, v in start.state_dict().items() if not k.startswith(classifier + ".")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or not all(k.startswith(classifier + ".") for k in missing):
+        raise ValueError(f"{checkpoint}: its weights do not fit {arch} rebuilt for fine-tuning "
+                         f"({missing[:3]} {unexpected[:3]})")
+    model.finetune_classifier = classifier  # what freeze_layers('all-but-head') keeps learning
     return model
 
 
@@ -179,13 +252,17 @@ def freeze_layers(model: nn.Module, freeze: int | str | None) -> nn.Module:
     if freeze is None:
         return model
     if freeze == "all-but-head":
-        frozen = [m for name, m in model.named_children() if name != "head"]
-    else:
-        if not 0 <= int(freeze) <= len(model.blocks):
-            raise ValueError(f"finetune.freeze={freeze}: the model has {len(model.blocks)} blocks")
-        frozen = [model.stem, *model.blocks[: int(freeze)]]
-        if model.pos_embed is not None:
-            model.pos_embed.requires_grad_(False)
+        head = getattr(model, "finetune_classifier", "head")  # a timm model's classifier, e.g. resnets' fc
+        model.requires_grad_(False)
+        model.get_submodule(head).requires_grad_(True)
+        return model
+    if not hasattr(model, "blocks"):
+        raise ValueError(f"finetune.freeze={freeze}: counting blocks is for ResMLP/Mixer; freeze all-but-head")
+    if not 0 <= int(freeze) <= len(model.blocks):
+        raise ValueError(f"finetune.freeze={freeze}: the model has {len(model.blocks)} blocks")
+    frozen = [model.stem, *model.blocks[: int(freeze)]]
+    if model.pos_embed is not None:
+        model.pos_embed.requires_grad_(False)
     for module in frozen:
         module.requires_grad_(False)
     return model

@@ -127,7 +127,7 @@ def _check_finite(tensors: dict[str, torch.Tensor], path: Path, allow_nonfinite:
 def _decode_metadata(raw: dict[str, str], path: Path | str = "checkpoint") -> dict[str, Any]:
     """The JSON entries of a safetensors header, checked for the shapes this project writes."""
     meta: dict[str, Any] = {}
-    for key in ("config", "timm", "extra"):
+    for key in ("config", "timm", "torchvision", "extra"):
         if key in raw:
             try:
                 meta[key] = json.loads(raw[key])
@@ -228,18 +228,19 @@ def load_checkpoint(model: ResMLP, path: str | Path, reset_head: bool = False,
 
 
 def load_state_into(model: ResMLP, state_dict: dict[str, torch.Tensor], source: str | Path,
-                    reset_head: bool = False) -> ResMLP:
+                    reset_head: bool = False, as_read: dict[str, torch.Tensor] | None = None) -> ResMLP:
     """Load a state dict in this project's names into `model`, saying what differs (from `source`) if it
-    doesn't fit; `reset_head` keeps the model's head."""
+    doesn't fit; `reset_head` keeps the model's head. `as_read`: the file's tensors before any grid was
+    refitted to the model, which the message describes (a refitted grid would report a size the file is not)."""
     if reset_head:
         state_dict = {k: v for k, v in state_dict.items() if not k.startswith("head.")}
-    _check_fits(model, state_dict, source, ignore_head=reset_head)
+    _check_fits(model, state_dict, source, ignore_head=reset_head, as_read=as_read)
     model.load_state_dict(state_dict, strict=not reset_head)
     return model
 
 
 def _check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], path: str | Path,
-                ignore_head: bool) -> None:
+                ignore_head: bool, as_read: dict[str, torch.Tensor] | None = None) -> None:
     expected = {k: v for k, v in model.state_dict().items() if not (ignore_head and k.startswith("head."))}
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
@@ -251,7 +252,8 @@ def _check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], pat
         return
     lines = [f"{path} does not fit this model ({_describe(model)}):"]
     if isinstance(model, ResMLP):
-        lines += [f"  {d}" for d in _config_differences(state_dict, model.config) or []]
+        differences = _config_differences(as_read or state_dict, model.config) or []
+        lines += [f"  {d}" for d in differences if not (ignore_head and d.startswith("num_classes:"))]
     for label, keys in (("missing", missing), ("unexpected", unexpected)):
         if keys:
             lines.append(f"  {label} keys ({len(keys)}): {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}")
@@ -261,8 +263,10 @@ def _check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], pat
         lines.append(f"  {k}: checkpoint holds {state_dict[k].dtype} values where the model has "
                      f"{expected[k].dtype} weights")
     if isinstance(model, ResMLP):
-        lines.append("Build the model from the file with resmlp.load(path), pass the matching preset, or use "
-                     "reset_head=True / num_classes=... when only the classifier differs.")
+        only_head = all(k.startswith("head.") for k in (*missing, *unexpected, *wrong))
+        lines.append("Only the classifier differs: resmlp.load_checkpoint(model, path, reset_head=True) keeps the "
+                     "model's head." if only_head else "Build the model from the file with resmlp.load(path), or "
+                     "pass the preset and sizes it was trained with.")
     else:
         lines.append("Its metadata names an architecture its tensors are not: the file is corrupt or was edited.")
     raise CheckpointError("\n".join(lines))
@@ -314,6 +318,8 @@ def _build_from_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta
                         overrides: dict[str, Any]) -> torch.nn.Module:
     if "timm" in meta:
         return _load_timm_model(path, tensors, meta["timm"], overrides)
+    if "torchvision" in meta:
+        return _load_torchvision_model(path, tensors, meta["torchvision"])
     state_dict = to_resmlp_keys(tensors)
     if "config" in meta:
         try:
@@ -389,6 +395,30 @@ def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: d
     return model
 
 
+def _load_torchvision_model(path: str | Path, tensors: dict[str, torch.Tensor],
+                            spec: dict[str, Any]) -> torch.nn.Module:
+    """The torchvision classifier that `spec` names, only if the file's tensors are exactly that model's."""
+    from resmlp.models.torchvision_models import build_torchvision
+
+    if not (isinstance(spec, dict) and isinstance(spec.get("name"), str) and isinstance(spec.get("kwargs"), dict)
+            and spec.get("in_chans") in (None, 1, 3)):
+        raise CheckpointError(f"{path}: its torchvision metadata is malformed; the file is corrupt or was edited")
+    bound = _size_bound(tensors)
+    if _largest_number(spec["kwargs"]) > bound:
+        raise CheckpointError(f"{path}: torchvision arguments {spec['kwargs']} exceed every size in the file's "
+                              f"tensors ({bound}); the metadata was edited")
+    try:
+        with torch.device("meta"):
+            skeleton = build_torchvision(spec["name"], spec["in_chans"], **spec["kwargs"])
+    except Exception as e:  # torchvision raises TypeError/ValueError... for arguments it can't take
+        raise CheckpointError(f"{path}: torchvision can't build {spec['name']} with {spec['kwargs']} "
+                              f"({type(e).__name__}: {e})") from None
+    _check_fits(skeleton, tensors, path, ignore_head=False)
+    model = build_torchvision(spec["name"], spec["in_chans"], **spec["kwargs"])
+    model.load_state_dict(tensors)
+    return model
+
+
 def _size_bound(tensors: dict[str, torch.Tensor]) -> int:
     """No architecture argument (a depth, a width, an image size) of a model can sensibly exceed the
     largest dimension among its tensors and their count by much; 4x plus a floor leaves room for image
@@ -413,8 +443,8 @@ def _largest_number(value: Any) -> float:
 def save(model: torch.nn.Module, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
     """Write weights as safetensors with the config (and JSON-able `metadata`) inside; atomically.
 
-    Takes this project's models and timm models (built by timm.create_model, whose name and arguments are
-    stored so that `load` rebuilds them).
+    Takes this project's models, timm models (built by timm.create_model) and torchvision classifiers built by
+    `resmlp.build` (torchvision:NAME), whose name and arguments are stored so that `load` rebuilds them.
     """
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -425,8 +455,11 @@ def save(model: torch.nn.Module, path: str | Path, metadata: dict[str, Any] | No
     elif getattr(model, "pretrained_cfg", {}).get("architecture"):
         spec = {"name": model.pretrained_cfg["architecture"], "kwargs": getattr(model, "_model_args", {})}
         raw_meta = {"format": "resmlp", "timm": json.dumps(spec)}
+    elif getattr(model, "torchvision_spec", None):
+        raw_meta = {"format": "resmlp", "torchvision": json.dumps(model.torchvision_spec)}
     else:
-        raise ValueError(f"resmlp.save stores ResMLP/Mixer models and timm models (made by timm.create_model), "
+        raise ValueError(f"resmlp.save stores ResMLP/Mixer, timm (made by timm.create_model) and torchvision models "
+                         f"(made by resmlp.build.build_model('torchvision:NAME')), "
                          f"not {type(model).__name__}; use torch.save(model.state_dict(), ...) for others")
     if metadata:
         raw_meta["extra"] = json.dumps(metadata)

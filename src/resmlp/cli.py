@@ -11,6 +11,7 @@ import importlib
 import os
 import shlex
 import sys
+import warnings
 from pathlib import Path
 
 import resmlp
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     exits 2; a bug keeps its traceback. RESMLP_DEBUG=1 shows the traceback of every error."""
     args = build_parser().parse_args(argv)
     debug = bool(os.environ.get("RESMLP_DEBUG"))
+    formatwarning = warnings.formatwarning
+    if not debug:  # a warning is a line for the user, not a source location
+        warnings.formatwarning = lambda message, *_, **__: f"resmlp {args.command}: note: {message}\n"
     try:
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
@@ -67,12 +71,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"resmlp {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
-    """How to continue an interrupted training command ("" for the others, or before its first state file)."""
-    if not hasattr(args, "default_recipe") or not (Path(args.output) / "last.pth").is_file():
+    """How to continue an interrupted training command ("" for the others); before its first state file, that
+    there is nothing to continue and how to keep progress within an epoch."""
+    if not hasattr(args, "default_recipe"):
         return ""
+    if not (Path(args.output) / "last.pth").is_file():
+        return ("; nothing to resume yet: the first state file (last.pth) is written at the end of epoch 1; run "
+                "the command again, with --set train.checkpoint_every_steps=N to save every N steps within epochs")
     words = ["resmlp", args.command, *([args.method] if args.command == "pretrain" else []),
              *([args.checkpoint] if args.command == "finetune" else []), "--output", str(args.output), "--resume"]
     return f"; continue it with: {shlex.join(words)}"

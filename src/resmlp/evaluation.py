@@ -119,8 +119,9 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
 
     checkpoint = resolve_checkpoint(checkpoint)
     loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
+    options: dict[str, Any] = {}
     if data is None and data_dir is None:
-        data, data_dir = _run_data(checkpoint)
+        data, data_dir, options = _run_data(checkpoint)
     data = data or loaded.dataset
     if data is None:
         raise ValueError(f"{checkpoint} does not say which dataset it was trained on; pass --data KIND or a folder")
@@ -130,7 +131,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
         data, data_dir = "folder", data
     split = split or heldout_split(data, data_dir)
     pre = loaded.preprocess
-    dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
+    dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size,
+                            **options)
     names = dataset.class_names
     num_classes = loaded.num_classes
     if num_classes != len(names):
@@ -172,11 +174,19 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     return summary
 
 
-def _run_data(checkpoint: Path) -> tuple[str | None, str | None]:
-    """(kind, folder) of the run whose config.json sits next to `checkpoint` (a run's image folder or custom
-    dataset location is in its config, not in the checkpoint); (None, None) for a checkpoint outside a run."""
+def _run_data(checkpoint: Path) -> tuple[str | None, str | None, dict[str, Any]]:
+    """(kind, folder, options) of the run whose config.json sits next to `checkpoint` (a run's image folder,
+    generated data and pixel permutation are in its config, not in the checkpoint): `options` are
+    build_dataset's arguments that make the run's own splits; (None, None, {}) outside a run."""
     import json
 
     config = checkpoint.parent / "config.json"
-    data = json.loads(config.read_text()).get("data", {}) if config.is_file() else {}
-    return data.get("kind"), data.get("dir")
+    run = json.loads(config.read_text()) if config.is_file() else {}
+    data = run.get("data", {})
+    options = {key: data[key] for key in ("synthetic_classes", "permute", "permute_patch", "permute_seed")
+               if key in data}
+    if "synthetic_size" in data:
+        options["synthetic_size"] = tuple(data["synthetic_size"])
+    if "seed" in run.get("train", {}):
+        options["seed"] = run["train"]["seed"]
+    return data.get("kind"), data.get("dir"), options

@@ -241,6 +241,9 @@ def optimize_features(model: nn.Module, precision: str = "fp32") -> nn.Module:
         raise ValueError(f"feature precision must be fp32 or bf16, got {precision!r}")
     model.eval()  # features are an evaluation (the non-ResMLP path runs `model` itself)
     if not isinstance(model, ResMLP):
+        if not hasattr(model, "forward_head"):  # torchvision's classifiers have no pre-logits API
+            raise ValueError(f"frozen features come from ResMLP, Mixer and timm models (their pre-logits); this "
+                             f"{type(model).__name__} has none: evaluate it with resmlp eval")
         return PreLogits(model, precision == "bf16").eval().requires_grad_(False)
     width = model.num_features
     identity = nn.Linear(width, width).to(model.stem.proj.weight.device)

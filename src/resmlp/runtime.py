@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from resmlp.hostinfo import native_bf16, usable_cores
 
-AMP_CHOICES = ("auto", "bf16", "fp16", "none")
+AMP_CHOICES = ("auto", "bf16", "fp16", "fp32", "none")  # fp32 and none: the same (none: the older word)
 
 
 # ------------------------------------------------------------------------------------------ devices, torchrun
@@ -112,9 +112,9 @@ def resolve_amp(amp: str, device: torch.device) -> str:
     if amp not in AMP_CHOICES:
         raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
     if amp == "fp16" and device.type != "cuda":
-        raise ValueError("amp fp16 needs a GPU (its gradient scaler is CUDA-only); use bf16 on the CPU")
+        raise ValueError(f"precision fp16 runs on a CUDA GPU only, not on {device.type}; use bf16 or fp32 there")
     if amp != "auto":
-        return amp
+        return "none" if amp == "fp32" else amp
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "bf16" if native_bf16() else "none"

@@ -161,16 +161,18 @@ def parse_models(text: str) -> list[ModelSpec]:
 def build_model(spec: ModelSpec, img_size: int | None = None) -> tuple[nn.Module, tuple[int, int, int]]:
     """The model (eval mode) and its (channels, height, width) input, made by `resmlp.build.build_model`."""
     from resmlp.build import build_model as build_named_model
+    from resmlp.build import model_input
 
     overrides = dict(spec.overrides)
     if img_size is not None:
         overrides["img_size"] = img_size
     try:
         model = build_named_model(spec.model, **overrides)
-    except TypeError:
-        if spec.model.kind != "timm" or "img_size" not in overrides:
+    except (TypeError, ValueError):  # a constructor's TypeError; a checkpoint's, raised as CheckpointError
+        if "img_size" not in overrides or spec.model.kind == "preset":
             raise
-        # timm convnets take no img_size argument because they accept any input size: feed it the size instead
+        # convnets (timm's, torchvision's, their checkpoints) take no img_size argument because they accept any
+        # input size: feed it the size instead
         model = build_named_model(spec.model, **{k: v for k, v in overrides.items() if k != "img_size"})
     model.eval()
     if hasattr(model, "config"):  # ours
@@ -178,6 +180,10 @@ def build_model(spec: ModelSpec, img_size: int | None = None) -> tuple[nn.Module
     from timm.data import resolve_model_data_config
 
     chans, height, width = resolve_model_data_config(model)["input_size"]
+    if spec.is_file:  # the channels and size it was trained on
+        chans, height = model_input(spec.model)
+        width = height
+    chans = overrides.get("in_chans", chans)
     size = overrides.get("img_size")
     return model, (chans, size or height, size or width)
 
@@ -544,11 +550,22 @@ def plot_tradeoff(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Throughput (log scale) vs top-1 of the rows that have an accuracy, like the paper's trade-off plots."""
     import io
 
+    from matplotlib import pyplot as plt
+
+    fig = tradeoff_figure(rows)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    return atomic_write(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))
+
+
+def tradeoff_figure(rows: list[dict[str, Any]]):
+    """The figure of `plot_tradeoff`."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import LogFormatter
 
     points = [r for r in rows if r["top1"] is not None]
     if not points:
@@ -565,14 +582,12 @@ def plot_tradeoff(rows: list[dict[str, Any]], path: str | Path) -> Path:
         )
         note.set_in_layout(False)  # long names must not squeeze the axes
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(ScalarFormatter())
+    # plain numbers; minor ticks labelled only over a short range (every minor label over decades overlapped)
+    ax.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
     ax.margins(x=0.25, y=0.15)
     ax.set_xlabel(f"Throughput (images/s, batch {points[0]['batch_size']}, {points[0]['device']})")
     ax.set_ylabel("Top-1 accuracy (%)")
     ax.grid(alpha=0.3, which="both")
     ax.set_title("Accuracy vs throughput on this machine", fontsize=10)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    return atomic_write(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))
+    return fig

@@ -31,6 +31,16 @@ def cross_patch_matrices(model: ResMLP) -> dict[int, np.ndarray]:
     return {i + 1: _numpy(b.cross_patch.weight) for i, b in enumerate(model.blocks)}
 
 
+def local_weight_share(matrix: np.ndarray, grid: int) -> tuple[float, float]:
+    """(share, uniform): the mean over patches of the share of a cross-patch row's |weight| that falls on the
+    patch and its 8 neighbours, and what uniform weights would give. A convolution-like A is far above uniform."""
+    rows, cols = np.divmod(np.arange(grid * grid), grid)
+    near = (np.abs(rows[:, None] - rows[None, :]) <= 1) & (np.abs(cols[:, None] - cols[None, :]) <= 1)
+    magnitude = np.abs(matrix)
+    share = (magnitude * near).sum(1) / np.maximum(magnitude.sum(1), 1e-30)
+    return float(share.mean()), float(near.sum(1).mean() / (grid * grid))
+
+
 def token_mixing_fc1(model: ResMLP) -> dict[int, np.ndarray]:
     """Layer number -> the token-mixing MLP's first (hidden, N) matrix; empty unless cross_patch is 'mlp'."""
     if model.config.cross_patch != "mlp":

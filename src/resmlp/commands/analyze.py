@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
     path = resolve_checkpoint(args.checkpoint)
     model = load(path).eval()  # the weights only: no preprocessing needed
     if not isinstance(model, ResMLP):
-        raise ValueError(f"{path} holds a {type(model).__name__} (a timm model): resmlp analyze draws the weights of "
-                         "ResMLP and MLP-Mixer checkpoints only")
+        from resmlp.models.torchvision_models import library_of
+
+        raise ValueError(f"{path} holds a {type(model).__name__} (a {library_of(model)} model): resmlp analyze draws "
+                         "the weights of ResMLP and MLP-Mixer checkpoints only")
     with process_settings(args.threads), output_lock(args.output):
         report = write_report(model, args.output, layers=args.layers, threshold=args.threshold, source=str(path),
                               progress=args.progress)

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from resmlp.analysis.benchmark import RunMode
 
 # the benchmark's default models (kept here so that --help imports no torch)
-DEFAULT_MODELS = "resmlp_s12,resmlp_s24,mixer_s16,timm:deit_small_patch16_224,timm:resnet50,resmlp_12_224"
+DEFAULT_MODELS = "resmlp_s12,resmlp_s24,mixer_s16,timm:deit_small_patch16_224,timm:resnet50,timm:resmlp_12_224"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,7 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--val-dir", default=None, help="folder of a --val-data kind (default: the kind's location)")
     p.add_argument("--output", default=None,
                    help="write the table here: FILE.json (rows and the S12/DeiT-S ratios) or CSV (any other name)")
-    p.add_argument("--plot", default=None, help="write a throughput-vs-accuracy PNG here (needs --accuracy)")
+    p.add_argument("--plot", default=None,
+                   help="write a throughput-vs-accuracy PNG here (needs --accuracy or --val-data)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(run=run)
 
@@ -164,6 +165,7 @@ def _precision_notes(mode: RunMode, device: str) -> list[str]:
 def print_table(args: argparse.Namespace, rows: list[dict[str, Any]], device: str) -> None:
     """The rows as a rich table (wide when piped to a file)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     memory_note = (
@@ -195,7 +197,8 @@ def print_table(args: argparse.Namespace, rows: list[dict[str, Any]], device: st
     for title, _ in columns:
         table.add_column(title, justify="left" if title == "model" else "right")
     for row in rows:
-        table.add_row(*("" if row[key] is None else str(row[key]) for _, key in columns))
+        # escaped: a model's bracketed overrides (resmlp_s12[dim=64]) are not rich markup
+        table.add_row(*("" if row[key] is None else escape(str(row[key])) for _, key in columns))
     console = Console()
     if not console.is_terminal:  # piped to a file: don't squeeze the table into 80 columns
         console = Console(width=160)

@@ -30,8 +30,11 @@ def run(args: argparse.Namespace) -> int:
     model, metadata = load_with_metadata(checkpoint)
     model.eval()
     if not isinstance(model, ResMLP):
-        raise ValueError(f"{checkpoint} holds a {type(model).__name__} (a timm model): resmlp export writes ResMLP and "
-                         "MLP-Mixer checkpoints only (timm models export with torch.onnx.export or timm's own tools)")
+        from resmlp.models.torchvision_models import library_of
+
+        raise ValueError(f"{checkpoint} holds a {type(model).__name__} (a {library_of(model)} model): resmlp export "
+                         "writes ResMLP and MLP-Mixer checkpoints only (other models export with torch.onnx.export "
+                         "or their library's own tools)")
     preprocess = Preprocess.from_metadata(metadata, model, dataset=metadata.get("dataset"))
     names = metadata.get("class_names")
     names = [str(n) for n in names] if isinstance(names, list) and len(names) == model.config.num_classes else None

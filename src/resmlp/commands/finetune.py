@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("finetune", help="fine-tune a checkpoint (ours, timm, DeiT, DINO) on a recipe's data",
                        description="Start from CHECKPOINT with a new head for the dataset's classes; optional "
                                    "resolution change, freezing and layer-wise lr decay.")
-    p.add_argument("checkpoint", help="a ResMLP/Mixer checkpoint: ours, a DINO backbone, timm's or DeiT's")
+    p.add_argument("checkpoint", help="a ResMLP/Mixer checkpoint (ours, a DINO backbone, timm's or DeiT's) or a "
+                                      "run folder (its best.safetensors)")
     # the model is CHECKPOINT's: no --model or --input-size (--img-size changes the resolution)
     add_training_arguments(p, "fashion-mnist-quick", without=("--model", "--input-size"))
     p.add_argument("--img-size", type=int, help="new input resolution (cross-patch weights resized)")

@@ -8,8 +8,10 @@ import json
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list presets and Table 3 ablation rows with params and GMACs")
-    p.add_argument("--format", choices=("table", "json"), default="table",
-                   help="table for reading, json for scripts (default table)")
+    p.add_argument("pattern", nargs="?", default="*",
+                   help="shell-style filter on the names, e.g. 'resmlp_s*' or '*cmlp*' (default: all)")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                   help="table for reading, json or csv for scripts (default table)")
     p.set_defaults(run=run)
 
 
@@ -31,10 +33,25 @@ def rows() -> list[dict]:
     return out
 
 
+CSV_COLUMNS = ("name", "kind", "preset", "params", "params_m", "gmacs", "paper_params_m", "paper_gmacs", "weights")
+
+
 def run(args: argparse.Namespace) -> int:
-    data = rows()
+    from fnmatch import fnmatch
+
+    data = [r for r in rows() if fnmatch(r["name"], args.pattern) or fnmatch(r.get("preset", ""), args.pattern)]
+    if not data:
+        raise ValueError(f"no preset or Table 3 row matches {args.pattern!r}; `resmlp models` lists them all")
     if args.format == "json":
         print(json.dumps(data, indent=2))
+        return 0
+    if args.format == "csv":
+        import csv
+        import sys
+
+        writer = csv.DictWriter(sys.stdout, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({**r, "weights": " ".join(r.get("weights", []))} for r in data)
         return 0
     from rich.table import Table
 

@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          ("linear", "a linear probe (logistic regression) on frozen features")):
         p = sub.add_parser(f"eval-{method}", help=f"accuracy of {text}",
                            description=f"Accuracy of {text}: the train split is the memory/training set, the "
-                                       "test split (folders: val) is classified. Prints and writes summary.json.")
+                                       "held-out split is classified: test (a folder: DIR/test when it exists, "
+                                       "else DIR/val). Prints and writes summary.json.")
         p.add_argument("checkpoint", help="any checkpoint (ours, a DINO backbone, timm's or DeiT's) or a run folder")
         p.add_argument("--data", default="fashion-mnist", help=f"dataset kind ({', '.join(DATA_KINDS)}) or a folder")
         p.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from pathlib import Path
 
 from resmlp.commands.common import (
     add_output_argument,
@@ -76,12 +77,15 @@ def print_summary(summary: dict, output: str) -> None:
 
     if not is_main_process():
         return
+    def inside(path: str) -> str:  # every file as the user named the run folder, not some absolute, some not
+        return str(Path(output) / Path(path).name)
+
     print(f"{test_scores_line(summary)} after {summary['epochs']} "
           f"epochs in {summary['wall_seconds']:.0f}s ({summary['amp']} on {summary['host']['cpu_capability']})\n"
-          f"  best checkpoint:  {summary['checkpoint']}\n"
-          f"  metrics:          {summary['metrics']} (TensorBoard: {output}/tensorboard)\n"
-          f"  learning curves:  {summary['learning_curves']}\n"
-          f"  summary:          {output}/summary.json\n"
+          f"  best checkpoint:  {inside(summary['checkpoint'])}\n"
+          f"  metrics:          {inside(summary['metrics'])} (TensorBoard: {inside('tensorboard')})\n"
+          f"  learning curves:  {inside(summary['learning_curves'])}\n"
+          f"  summary:          {inside('summary.json')}\n"
           f"  evaluate it:      resmlp eval {shlex.quote(str(output))}")
 
 

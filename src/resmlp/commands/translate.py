@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from resmlp.commands.common import add_threads_argument
+
+# the flags a resumed run takes from the command line (when given) rather than from its config.json, and their
+# defaults
+RUN_CONTROL = {"max_steps": 100_000, "max_minutes": 20.0, "device": "auto", "threads": None}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,14 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = p.add_subparsers(dest="translate_command", required=True, metavar="ACTION")
 
     t = tsub.add_parser("train", help="train on parallel text or a built-in task, then score the test split")
-    src = t.add_mutually_exclusive_group(required=True)
+    src = t.add_mutually_exclusive_group()  # one is needed, except to --resume a run (its config.json has it)
     src.add_argument("--task", choices=("numbers-en-de", "numbers-en-fr"), help="built-in number-words task")
     src.add_argument("--data", help="directory of {train,valid,test}.{SRC,TGT} files, a sentence per line")
     t.add_argument("--src-suffix", default="src", help="source file suffix, e.g. en (default src)")
     t.add_argument("--tgt-suffix", default="tgt", help="target file suffix, e.g. de (default tgt)")
     t.add_argument("--train-size", type=int, default=50_000, help="training pairs of the built-in task")
     t.add_argument("--output", required=True, help="run directory: checkpoint, tokenizer, logs, summary.json")
-    t.add_argument("--resume", action="store_true", help="continue the checkpoint in --output")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --output: its task or data, model and schedule from its config.json "
+                        "(--max-steps, --max-minutes, --device, --threads given here apply)")
     t.add_argument("--arch", choices=("resmlp", "transformer"), default="resmlp",
                    help="encoder-decoder: ResMLP blocks or the Transformer baseline (default resmlp)")
     t.add_argument("--preset", default="small", help="base6, base12 (paper, dim 512), small, tiny")
@@ -38,9 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--warmup-steps", type=int, default=500, metavar="N",
                    help="steps of linear learning-rate warm-up (default 500)")
     t.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch (per process)")
-    t.add_argument("--max-steps", type=int, default=100_000, metavar="N",
+    t.add_argument("--max-steps", type=int, default=RUN_CONTROL["max_steps"], metavar="N",
                    help="stop after this many optimizer steps (default 100000)")
-    t.add_argument("--max-minutes", type=float, default=20.0, help="wall-clock training budget")
+    t.add_argument("--max-minutes", type=float, default=RUN_CONTROL["max_minutes"], help="wall-clock training budget")
     t.add_argument("--eval-every", type=int, default=500, help="validation loss + checkpoint every N steps")
     t.add_argument("--label-smoothing", type=float, default=0.1, metavar="EPS",
                    help="label smoothing of the cross-entropy (default 0.1)")
@@ -79,11 +86,29 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     add_threads_argument(p)
 
 
+def _preparing(args: argparse.Namespace) -> None:
+    """A line before the work that shows no bar (making the built-in task, training the tokenizer, encoding)."""
+    if args.progress:
+        print("translate train: preparing the data and the tokenizer ...", file=sys.stderr, flush=True)
+
+
 def run_translate_train(args: argparse.Namespace) -> int:
     from resmlp.seq2seq.decoding import check_beam
     from resmlp.seq2seq.train import TranslationConfig, train_translation
 
     check_beam(args.beam)  # before training, not after it
+    if args.task is None and args.data is None:
+        if not args.resume:
+            raise ValueError("resmlp translate train needs --task NAME or --data DIR (or --resume to continue the "
+                             "run in --output)")
+        _, cfg = _run_config(args.output)
+        given = {key: getattr(args, key) for key, default in RUN_CONTROL.items() if getattr(args, key) != default}
+        cfg = dataclasses.replace(cfg, output=args.output, progress=args.progress, **given)
+        _preparing(args)
+        summary = train_translation(cfg, resume=True)
+        if summary:
+            print(json.dumps(summary, indent=2))
+        return 0
 
     overrides = {k: getattr(args, k) for k in ("dim", "hidden", "encoder_layers", "decoder_layers", "heads",
                                                "max_len", "dropout", "layerscale_init", "positions")
@@ -98,6 +123,7 @@ def run_translate_train(args: argparse.Namespace) -> int:
         clip_norm=args.clip_norm, precision=args.precision, beam=args.beam, lenpen=args.lenpen,
         seed=args.seed, device=args.device, threads=args.threads, progress=args.progress,
     )
+    _preparing(args)
     summary = train_translation(cfg, resume=args.resume)
     if summary:
         print(json.dumps(summary, indent=2))

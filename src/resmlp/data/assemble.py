@@ -83,6 +83,10 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
         else:
             test = build_dataset(d.kind, "test", transform=eval_tf, **common)
             val_tf = test.transform
+        if not 0 < d.val_size < len(train.labels):
+            raise ValueError(f"data.val_size={d.val_size}: the validation split carved from the training set must "
+                             f"be smaller than it ({len(train.labels)} images); set --set data.val_size=N with N "
+                             f"below {len(train.labels)}, or add a val split")
         kept, held = stratified_split(train.labels, d.val_size, d.val_seed)
         train, val = train.subset(kept, train.transform), train.subset(held, val_tf)
         validation = f"{d.val_size} images carved from train (class-stratified, seed {d.val_seed})"

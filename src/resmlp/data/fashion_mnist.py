@@ -69,6 +69,9 @@ def find_idx(data_dir: Path, stem: str) -> Path:
     for name in (stem + ".gz", stem, stem.replace("-idx", ".idx")):
         if (data_dir / name).is_file():
             return data_dir / name
+    if (data_dir / "train").is_dir():  # an ImageNet-style folder given to the default kind
+        raise FileNotFoundError(f"{data_dir} holds train/, an image folder, not Fashion-MNIST's IDX files: add "
+                                "--set data.kind=folder (resmlp train) or pass it as --data DIR (eval, probes)")
     raise FileNotFoundError(f"Fashion-MNIST file {stem}.gz not found in {data_dir}. {HOW_TO_GET}")
 
 

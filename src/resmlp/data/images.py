@@ -47,7 +47,8 @@ def open_image(path: str | Path, in_chans: int = 3, max_pixels: int | None = Non
             with Image.open(path) as img:
                 if img.width * img.height > limit:
                     raise DataError(f"image {path} is {img.width}x{img.height} pixels, more than the limit of "
-                                    f"{limit} (a decompression bomb?); raise max_image_pixels if it is real")
+                                    f"{limit} (a decompression bomb?); if it is real, raise the limit: "
+                                    f"{MAX_PIXELS_VARIABLE}={img.width * img.height} in the environment")
                 img.load()
                 upright = ImageOps.exif_transpose(img)
                 return _to_mode(upright, "L" if in_chans == 1 else "RGB", path)

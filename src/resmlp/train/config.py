@@ -68,6 +68,7 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     sources = {f"{section}.{key}": origin for section, values in raw.items() if isinstance(values, dict)
                for key in values}
+    recipe_model = raw["model"].get("name") if isinstance(raw.get("model"), dict) else None
     for dotted, value in parse_overrides(overrides).items():
         section, _, key = dotted.partition(".")
         sources[dotted] = "the overrides (a flag or --set)"
@@ -82,7 +83,58 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
             raise ValueError(f"{section} is not a section; sections: model, {', '.join(SECTIONS)}")
         raw[section][key] = value
     raw.setdefault("recipe", name)
+    _drop_keys_of_another_model(raw, sources, recipe_model, origin)
+    _normalise_as_the_checkpoint(raw)
     return validate(raw, sources)
+
+
+def _normalise_as_the_checkpoint(raw: dict[str, Any]) -> None:
+    """A run that starts from a checkpoint normalises its images as the checkpoint was trained, unless the
+    recipe or the user sets data.mean/std: the statistics in the file's metadata (written by every training
+    run), else ImageNet's (timm's and DeiT's files, whose ImageNet training used them; DeiT fine-tunes with them)."""
+    from resmlp.build import model_input, parse_model_name
+    from resmlp.checkpoint import read_metadata
+    from resmlp.models.registry import IMAGENET_MEAN, IMAGENET_STD
+
+    model, data = raw.get("model"), raw.get("data")
+    if not (isinstance(model, dict) and isinstance(data, dict)) or data.get("mean") or data.get("std"):
+        return
+    try:
+        name = parse_model_name(model.get("name", ""))
+        if name.kind != "file" or not Path(name.name).is_file():
+            return
+        pre = read_metadata(name.name).get("preprocess")
+        mean, std = ((pre.get("mean"), pre.get("std")) if isinstance(pre, dict) else (IMAGENET_MEAN, IMAGENET_STD))
+        in_chans = model_input(name)[0]
+    except ValueError:
+        return  # validation names the problem with the file
+    if isinstance(mean, (list, tuple)) and isinstance(std, (list, tuple)) and len(mean) == len(std) == in_chans:
+        data["mean"], data["std"] = list(mean), list(std)
+
+
+def _drop_keys_of_another_model(raw: dict[str, Any], sources: dict[str, str], recipe_model: Any,
+                                origin: str) -> None:
+    """When the overrides replace the recipe's model (--model timm:resnet10t on a ResMLP recipe), the recipe's
+    model keys that the new model does not take are dropped, with a one-line note; keys the user gave are kept
+    (validation refuses those that do not fit, naming them)."""
+    import warnings
+
+    from resmlp.build import keys_not_applying, parse_model_name
+
+    model = raw.get("model")
+    if not isinstance(model, dict) or model.get("name") == recipe_model or "name" not in model:
+        return
+    try:
+        name = parse_model_name(model["name"])
+    except ValueError:
+        return  # validation names the problem
+    from_recipe = [k for k in model if k != "name" and sources.get(f"model.{k}") == origin]
+    dropped = keys_not_applying(name, from_recipe)
+    for key in dropped:
+        del model[key]
+    if dropped:
+        warnings.warn(f"model {name}: model keys {', '.join(dropped)} of {origin} (written for {recipe_model}) do "
+                      "not apply to it and are dropped", stacklevel=3)
 
 
 def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,8 @@ def knn_accuracy(train_x: torch.Tensor | np.ndarray, train_y: torch.Tensor | np.
         weights = ((sims - sims[:, :1]) / temperature).exp()
         votes = torch.zeros(len(idx), num_classes, device=device).scatter_add_(1, labels[idx], weights)
         correct += (votes.argmax(dim=1) == test_labels[start:start + chunk]).sum()
-    return float(correct.item() / len(test_labels) * 100)  # the one read of the vote
+    # the one read of the vote; 100 * k / n: 28.0, not 0.28 * 100 = 28.000000000000004
+    return 100.0 * int(correct.item()) / len(test_labels)
 
 
 MAX_K = 10_000
@@ -81,7 +83,7 @@ def linear_probe_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.n
 
     probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
     probe.fit(train_x, train_y)
-    return float((probe.predict(test_x) == test_y).mean() * 100)
+    return 100.0 * int((probe.predict(test_x) == test_y).sum()) / len(test_y)
 
 
 def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str = "fashion-mnist",
@@ -90,7 +92,8 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
                         temperature: float = 0.07, progress: bool = False, amp: str = "auto") -> dict[str, Any]:
     """k-NN (`knn_top1`) or linear-probe (`linear_top1`) accuracy of any checkpoint's frozen features.
 
-    The training split is the memory / probe training set, the test split (folders: val) is classified;
+    The training split is the memory / probe training set, the held-out split is classified (test; a folder:
+    DIR/test when it exists, else DIR/val, as `resmlp.data.heldout_split` says);
     both with the checkpoint's evaluation preprocessing. data: a dataset kind or
     a folder holding train/<class>/ and val/<class>/. amp: the features' precision as `resmlp eval`'s
     (auto = bf16 where the hardware has it, else fp32; bf16 or none). With `output`, writes
@@ -137,6 +140,10 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     if method == "knn":
         key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)
     else:
+        if progress:  # the fit shows no bar of its own and takes a while on a large training split
+            train_x = split_features[0]
+            print(f"fitting the linear probe on {len(train_x)} features of {train_x.shape[1]} dimensions ...",
+                  file=sys.stderr, flush=True)
         key, top1 = "linear_top1", linear_probe_accuracy(*(t.cpu().numpy() for t in split_features))
     summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": data,
                "train_images": len(split_features[1]), "test_images": len(split_features[3]),

@@ -9,7 +9,7 @@ from typing import Any
 
 from resmlp.fileio import RunLock, remove_stale_temporaries
 from resmlp.runtime import init_distributed, process_settings, shutdown
-from resmlp.train.config import TRAINING_FIELDS, TrainConfig, load_config, parse_overrides
+from resmlp.train.config import TrainConfig, load_config, parse_overrides
 from resmlp.train.task_registry import task_for
 from resmlp.train.tasks import Task
 from resmlp.train.trainer import Trainer
@@ -42,17 +42,18 @@ def finetune(checkpoint: str | Path, recipe: str | Path | dict | TrainConfig, ou
              overrides: dict[str, Any] | list[str] | None = None, img_size: int | None = None,
              freeze: int | str | None = None, layer_decay: float | None = None,
              resume: bool | str | Path = False) -> dict[str, Any]:
-    """Fine-tune `checkpoint` with `recipe`'s data, optimiser and schedule; returns summary.json's content.
+    """Fine-tune `checkpoint` (a file or a run folder) with `recipe`'s data, optimiser and schedule; returns
+    summary.json's content.
 
     The run's model is the checkpoint (model.name = its path, the recipe's dropout kept): the finetune task.
     img_size: new resolution (ResMLP: cross-patch matrices resized; Mixer: block-diagonal expansion).
     freeze: number of leading blocks to freeze, or 'all-but-head'. layer_decay: e.g. 0.75.
     """
-    if not Path(checkpoint).is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
-    raw = load_config(recipe, overrides).to_dict()
-    raw["model"] = {"name": str(Path(checkpoint).resolve()),
-                    **{k: v for k, v in raw["model"].items() if k in TRAINING_FIELDS}}
+    from resmlp.evaluation import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(checkpoint)  # a file, or a run folder's best.safetensors (as eval takes)
+    # the checkpoint replaces the recipe's model: its keys that do not apply are dropped with a note
+    raw = load_config(recipe, {**parse_overrides(overrides), "model.name": str(Path(checkpoint).resolve())}).to_dict()
     raw["finetune"] = dict(img_size=img_size, freeze=freeze)
     if layer_decay is not None:
         raw["optim"]["layer_decay"] = layer_decay

@@ -126,7 +126,7 @@ class TrainSection:
     batch_size: int = 256  # GLOBAL batch (all processes, all accumulation steps)
     grad_accum: int = 1
     clip_grad: float | None = None
-    amp: str = "auto"  # auto (bf16 where the hardware has it) | bf16 | fp16 (GPU, with a scaler) | none
+    amp: str = "auto"  # auto (bf16 where the hardware has it) | bf16 | fp16 (GPU, with a scaler) | fp32 (= none)
     # auto: compile when the measured eager step says the rest of the run pays for it (resmlp.train.step);
     # true / false force it (set one of them for runs that must repeat bit for bit)
     compile: bool | str = "auto"

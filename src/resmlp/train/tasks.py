@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from resmlp import reporting
-from resmlp.build import build_model, freeze_layers, load_resmlp_start
+from resmlp.build import build_model, build_model_for_input, freeze_layers, resmlp_start, timm_start
 from resmlp.evaluation import EVAL_BATCH_SIZE, classify, eval_batches_or_loader
 from resmlp.preprocess import Preprocess
 from resmlp.train.config import TrainConfig
@@ -66,13 +66,25 @@ class Task:
     def test_scores(self, trainer: TrainerView, model: nn.Module) -> dict[str, float]:
         """Scores of `model` on the test split, computed once at the end of a run (never for selection), in
         `resmlp eval`'s batches: the same checkpoint, precision and device give `resmlp eval`'s number."""
-        result = self._classify(trainer, model, trainer.data.test, trainer.data.test_batched, EVAL_BATCH_SIZE)
+        result = self._classify(trainer, model, trainer.data.test, trainer.data.test_batched, EVAL_BATCH_SIZE,
+                                progress="test split")
         return dict(top1=result["top1"], top5=result["top5"])
 
     def _classify(self, trainer: TrainerView, model: nn.Module, dataset, batched,
-                  batch_size: int | None = None) -> dict[str, Any]:
-        batches = eval_batches_or_loader(dataset, batched, batch_size or trainer.micro_batch,
-                                         self.cfg.data.num_workers, trainer.info, trainer.info.device)
+                  batch_size: int | None = None, progress: str | None = None) -> dict[str, Any]:
+        """`progress`: a bar of that name on the main process, when the run shows progress (the final test
+        scoring can take minutes with nothing else on the screen)."""
+        batch_size = batch_size or trainer.micro_batch
+        batches = eval_batches_or_loader(dataset, batched, batch_size, self.cfg.data.num_workers, trainer.info,
+                                         trainer.info.device)
+        if progress and self.cfg.train.progress and trainer.info.is_main:
+            import sys
+
+            from tqdm.auto import tqdm
+
+            total = -(-len(dataset) // (batch_size * trainer.info.world_size))  # this rank's share
+            batches = tqdm(batches, desc=progress, unit="batch", total=total, file=sys.stderr, dynamic_ncols=True,
+                           leave=False)
         return classify(model, batches, len(trainer.data.class_names), trainer.info.device, trainer.amp,
                         trainer.info)
 
@@ -121,8 +133,8 @@ class SupervisedTask(Task):
             from resmlp.models.resmlp import ResMLP
 
             return ResMLP(cfg.model_config(num_classes))
-        overrides = {k: v for k, v in cfg.model_overrides.items() if k not in ("img_size", "num_classes")}
-        return build_model(cfg.model_name, num_classes=num_classes, **overrides)
+        overrides = {k: v for k, v in cfg.model_overrides.items() if k != "num_classes"}
+        return build_model_for_input(cfg.model_name, num_classes=num_classes, **overrides)
 
     def build_loss(self, trainer: TrainerView, num_classes: int) -> LossFn:
         return supervised_loss(self.cfg, num_classes)
@@ -139,6 +151,7 @@ class DistillationTask(SupervisedTask):
         teacher = load_teacher(kd.teacher, num_classes, in_chans, kd.weights, kd.allow_random_teacher)
         teacher = freeze(teacher.to(trainer.info.device))
         check_teacher(teacher, kd.teacher, num_classes, in_chans, img_size, trainer.info.device)
+        check_teacher_classes(kd.teacher, trainer.data.class_names)
         weights_file = kd.weights or (kd.teacher if Path(kd.teacher).is_file() else None)
         self.teacher_record = dict(spec=kd.teacher, weights=kd.weights,
                                    weights_sha256=file_sha256(weights_file) if weights_file else None)
@@ -163,7 +176,11 @@ class FinetuneTask(SupervisedTask):
     def build_model(self, trainer: TrainerView, num_classes: int) -> nn.Module:
         from resmlp.models.resmlp import ResMLP
 
-        start = load_resmlp_start(self.cfg.model["name"], self.cfg.finetune.img_size)
+        start = build_model(self.cfg.model["name"])
+        if not isinstance(start, ResMLP):  # a timm model's checkpoint (a convnet teacher, ...)
+            return freeze_layers(timm_start(start, self.cfg.model["name"], num_classes, **self.cfg.model_overrides),
+                                 self.cfg.finetune.freeze)
+        start = resmlp_start(start, self.cfg.finetune.img_size)
         target = start.config.replace(num_classes=num_classes, **self.cfg.model_overrides)
         model = ResMLP(target)
         state = {k: v for k, v in start.state_dict().items() if not k.startswith("head.")}
@@ -206,6 +223,24 @@ def check_teacher(teacher: nn.Module, spec: str, num_classes: int, in_chans: int
     if out.ndim != 2 or out.shape[1] != num_classes:
         raise ValueError(f"distillation teacher {spec} predicts {out.shape[-1]} classes but the dataset has "
                          f"{num_classes}; distil from a teacher trained on this dataset")
+
+
+def check_teacher_classes(spec: str, class_names: list[str]) -> None:
+    """A teacher checkpoint that records its classes must have the data's, in the data's order: its logit i
+    is taken as class i's."""
+    from resmlp.build import parse_model_name
+    from resmlp.checkpoint import read_metadata
+
+    if parse_model_name(spec).kind != "file":
+        return
+    theirs = read_metadata(spec).get("class_names")
+    if not isinstance(theirs, list) or [str(n) for n in theirs] == list(class_names):
+        return
+    how = "the same classes in another order" if sorted(map(str, theirs)) == sorted(class_names) else "other classes"
+    raise ValueError(f"distillation teacher {spec} was trained on {how} ({', '.join(map(str, theirs[:5]))}"
+                     f"{' ...' if len(theirs) > 5 else ''}) than the data's ({', '.join(class_names[:5])}"
+                     f"{' ...' if len(class_names) > 5 else ''}); its logit i must mean the data's class i: "
+                     "distil from a teacher trained on this dataset")
 
 
 def file_sha256(path: str | Path) -> str:

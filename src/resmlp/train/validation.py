@@ -10,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from resmlp.build import check_constructor_keys, parse_model_name
 from resmlp.complexity import training_memory_bytes
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
@@ -198,11 +201,33 @@ def _check_model(cfg: TrainConfig) -> list[str]:
         if extra:
             return [f"model: a checkpoint start takes only {', '.join(TRAINING_FIELDS)} besides name (its architecture "
                     f"comes from the file), not {', '.join(extra)}; for a new resolution set finetune.img_size"]
+    problem = check_constructor_keys(name, cfg.model_overrides)
+    if problem:
+        return [f"model: {problem}"]
     if cfg.task_name == "finetune" and name.kind != "file":
         return [f"task finetune starts from a checkpoint: model.name must be a checkpoint file, not {name}"]
     if cfg.task_name == "distillation" and not cfg.distill.teacher:
         return ["task distillation needs distill.teacher (a checkpoint file, timm:NAME or torchvision:NAME)"]
-    return []
+    return _check_teacher_file(cfg.distill.teacher)
+
+
+def _check_teacher_file(teacher: str | None) -> list[str]:
+    """A teacher checkpoint that is not there yet, with the command that makes it where a shipped recipe
+    documents one (`resmlp train --recipe fashion-mnist-teacher --output runs/teacher`)."""
+    if not teacher:
+        return []
+    try:
+        name = parse_model_name(teacher)
+    except ValueError as e:
+        return [f"distill.teacher: {e}"]
+    if name.kind != "file" or Path(name.name).is_file():
+        return []
+    run = re.escape(str(Path(name.name).parent))
+    makers = {m.group(0) for path in (resources.files("resmlp") / "recipes").iterdir() if path.name.endswith(".yaml")
+              for m in re.finditer(rf"resmlp train --recipe \S+ --output {run}(?=\s|$)", path.read_text())}
+    how = f"make it first: {sorted(makers)[0]}, or " if makers else ""
+    return [f"distill.teacher: checkpoint {name.name} does not exist; {how}name another teacher with --distill "
+            "CHECKPOINT (or timm:NAME / torchvision:NAME with --teacher-weights FILE)"]
 
 
 def _check_values(cfg: TrainConfig) -> list[str]:
@@ -250,7 +275,8 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
     need(t.grad_accum >= 1, f"train.grad_accum must be >= 1, got {t.grad_accum}")
     need(t.clip_grad is None or t.clip_grad > 0, "train.clip_grad must be > 0 or null")
-    need(t.amp in ("auto", "bf16", "fp16", "none"), f"train.amp: {t.amp!r} is not one of auto, bf16, fp16, none")
+    need(t.amp in ("auto", "bf16", "fp16", "fp32", "none"),
+         f"train.amp: {t.amp!r} is not one of auto, bf16, fp16, fp32 (or none)")
     need(t.threads is None or t.threads >= 1, f"train.threads must be >= 1 or null, got {t.threads}")
     need(0 < t.ema_decay < 1, f"train.ema_decay must be in (0, 1), got {t.ema_decay}")
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0")
