@@ -48,7 +48,7 @@ def read_lines(path: str | Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (expected one sentence per line)")
     try:
-        return split_lines(path.read_text(encoding="utf-8"))
+        return split_lines(path.read_bytes().decode("utf-8"))  # not read_text: it turns a lone "\r" into "\n"
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e}); convert it, e.g. with iconv -t utf-8") from None
 
