@@ -137,10 +137,12 @@ def _is_of(value: Any, allowed: tuple[type, ...]) -> bool:
 
 def _value_errors(cfg: TranslationConfig) -> list[str]:
     errors = []
+    hints = typing.get_type_hints(TranslationConfig)
     for name, (low, high) in RANGES.items():
         value = getattr(cfg, name)
         if value is not None and not (math.isfinite(value) and low <= value <= high):
-            errors.append(f"{flag(name)} {value!r}: expected a number from {low} to {high}")
+            kind = "a number" if hints[name] is float else "a whole number"
+            errors.append(f"{flag(name)} {value!r}: expected {kind} from {low} to {high}")
     if not cfg.output:
         errors.append("--output: expected a folder for the run (an empty path would write into the current folder)")
     if (cfg.task is None) == (cfg.data is None):
