@@ -39,7 +39,7 @@ from resmlp.runtime import (
     resolve_amp,
     shutdown,
 )
-from resmlp.seq2seq.config import PRECISIONS, TranslationConfig, check_resumable  # noqa: F401 (importable here)
+from resmlp.seq2seq.config import TranslationConfig, check_resumable
 from resmlp.seq2seq.data import (
     SPLITS,
     Tokenizer,
