@@ -257,6 +257,25 @@ def test_a_resume_with_other_options_is_refused(run, tmp_path, capsys, flag, val
     assert json.loads((copy / "config.json").read_text()) == config
 
 
+@pytest.mark.parametrize("edit, words", [
+    (lambda c: c["optimizer"]["param_groups"][0].update(initial_accumulator_value=1e30), "initial_accumulator_value"),
+    (lambda c: c["optimizer"]["param_groups"][0].update(eps=math.nan), "eps"),
+    (lambda c: c["optimizer"]["state"][0].update(sum=torch.zeros(3)), "shape"),
+    (lambda c: c["optimizer"]["state"][0]["sum"].fill_(math.inf), "not finite"),
+    (lambda c: c["scheduler"].update(last_epoch=7), "schedule at step 7"),
+    (lambda c: c["scheduler"].update(base_lrs=[100.0]), "100.0"),
+    (lambda c: c["optimizer"].update(param_groups=[]), "optimizer"),
+    (lambda c: c.update(rng=torch.zeros(3, dtype=torch.uint8)), "state"),
+], ids=["setting", "nan-eps", "state-shape", "state-inf", "schedule-step", "schedule-lr", "no-groups", "rng"])
+def test_a_resume_restores_state_but_not_other_settings(run, tmp_path, capsys, edit, words):
+    copy = _edit_checkpoint(run, tmp_path / "r", edit)
+    before = (copy / "checkpoint.pt").read_bytes()
+    config = json.loads((copy / "config.json").read_text())
+    assert main(_train_args(Path(config["data"]), copy, "--resume", "--max-steps", "3")) == 2
+    _one_line_error(capsys, "does not fit this run", words)
+    assert (copy / "checkpoint.pt").read_bytes() == before
+
+
 def test_resume_without_a_checkpoint_is_one_line(corpus, tmp_path, capsys):
     assert main(_train_args(corpus, tmp_path / "o", "--resume")) == 2
     _one_line_error(capsys, "nothing to resume")

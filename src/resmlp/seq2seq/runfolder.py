@@ -28,7 +28,7 @@ import torch
 
 from resmlp.checkpoint import torch_load
 from resmlp.errors import CheckpointError, ConfigError, OutputError
-from resmlp.fileio import atomic_write
+from resmlp.fileio import atomic_write, write_json
 from resmlp.hostinfo import physical_memory_bytes
 from resmlp.seq2seq.config import TranslationConfig
 from resmlp.seq2seq.model import Seq2SeqBase, Seq2SeqConfig, build_translation_model
@@ -81,8 +81,7 @@ def _depth(value: Any) -> int:
 
 
 def write_run_config(out: Path, cfg: TranslationConfig) -> None:
-    text = json.dumps(dataclasses.asdict(cfg), indent=2)
-    atomic_write(out / CONFIG, lambda p: p.write_text(text))
+    write_json(out / CONFIG, dataclasses.asdict(cfg))
 
 
 # ---------------------------------------------------------------------------------------- checkpoint.pt
@@ -156,6 +155,47 @@ def model_from_checkpoint(ckpt: dict[str, Any]) -> Seq2SeqBase:
     model = build_translation_model(checkpoint_model_config(ckpt))
     model.load_state_dict(ckpt["model"])
     return model
+
+
+def restore_training_state(path: Path, ckpt: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer,
+                           sched: torch.optim.lr_scheduler.LRScheduler, scaler: Any, device: torch.device) -> None:
+    """A resumed run's state from its checkpoint (read by `read_translation_checkpoint`, for_resume) into the
+    model, optimizer and schedule the run built from its own options: the file may bring back their state, not
+    other settings (an edited eps or learning rate would train on silently), nor state of other shapes; the
+    generator states are absent in files of earlier versions, then left as they are."""
+    model.load_state_dict(ckpt["model"])
+    scheduled = ("params", "lr", "initial_lr")
+    settings = [{k: v for k, v in group.items() if k not in scheduled} for group in opt.param_groups]
+    base_lrs = list(sched.base_lrs)
+    try:
+        opt.load_state_dict(ckpt["optimizer"])  # moves the state onto the parameters' device
+        sched.load_state_dict(ckpt["scheduler"])
+        if scaler is not None and "scaler" in ckpt:
+            scaler.load_state_dict(ckpt["scaler"])
+        if "rng" in ckpt:
+            torch.set_rng_state(ckpt["rng"])
+        if "cuda_rng" in ckpt and device.type == "cuda":
+            torch.cuda.set_rng_state(ckpt["cuda_rng"], device)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+        raise _unfit(path, str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
+    for group, built in zip(opt.param_groups, settings, strict=True):
+        changed = sorted(k for k in built if k in group and group[k] != built[k])
+        if changed:
+            raise _unfit(path, f"optimizer settings {', '.join(changed)} differ from the run's")
+    if sched.base_lrs != base_lrs or sched.last_epoch != ckpt["step"]:
+        raise _unfit(path, f"schedule at step {sched.last_epoch} with rates {sched.base_lrs}, run at step "
+                           f"{ckpt['step']} with {base_lrs}")
+    for param, state in opt.state.items():
+        for key, value in state.items():
+            fits = not torch.is_tensor(value) or value.dim() == 0 or value.shape == param.shape
+            if not fits or (torch.is_tensor(value) and not bool(torch.isfinite(value).all())):
+                raise _unfit(path, f"optimizer state {key!r} of shape {tuple(value.shape)} for a parameter of shape "
+                                   f"{tuple(param.shape)}, or not finite")
+
+
+def _unfit(path: Path, reason: str) -> CheckpointError:
+    return CheckpointError(f"{path}: its optimizer, schedule or generator state does not fit this run ({reason}); "
+                           "the file was edited or damaged")
 
 
 # ---------------------------------------------------------------------------------------- memory

@@ -61,6 +61,7 @@ from resmlp.seq2seq.runfolder import (
     model_from_checkpoint,
     read_run_config,
     read_translation_checkpoint,
+    restore_training_state,
     write_run_config,
 )
 from resmlp.seq2seq.tasks import make_number_task
@@ -130,25 +131,6 @@ def save_checkpoint(out: Path, model: nn.Module, opt, sched, scaler, step: int, 
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
     atomic_write(out / CHECKPOINT, lambda p: torch.save(state, p))
-
-
-def _restore(path: Path, ckpt: dict[str, Any], model: nn.Module, opt, sched, scaler, device: torch.device) -> None:
-    """A resumed run's state from its checkpoint (whose model `read_translation_checkpoint` checked); the generator
-    states are absent in files of earlier versions, then left as they are."""
-    model.load_state_dict(ckpt["model"])
-    try:
-        opt.load_state_dict(ckpt["optimizer"])  # moves the state onto the parameters' device
-        sched.load_state_dict(ckpt["scheduler"])
-        if scaler is not None and "scaler" in ckpt:
-            scaler.load_state_dict(ckpt["scaler"])
-        if "rng" in ckpt:
-            torch.set_rng_state(ckpt["rng"])
-        if "cuda_rng" in ckpt and device.type == "cuda":
-            torch.cuda.set_rng_state(ckpt["cuda_rng"], device)
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path}: its optimizer, schedule or generator state does not fit this run "
-                              f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); the file was "
-                              "edited or damaged") from None
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -312,7 +294,7 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
         if checkpoint_model_config(ckpt) != mcfg:
             raise CheckpointError(f"{out / CHECKPOINT} holds another model than its run's config.json and "
                                   f"{TOKENIZER} describe; the folder was edited")
-        _restore(out / CHECKPOINT, ckpt, model, opt, sched, scaler, device)
+        restore_training_state(out / CHECKPOINT, ckpt, model, opt, sched, scaler, device)
         step, epoch, seconds = ckpt["step"], ckpt["epoch"], ckpt["train_seconds"]
         skip = ckpt.get("batch_in_epoch", 0)  # 0 in files of earlier versions: the epoch restarts
     ddp_devices = [device.index] if device.type == "cuda" else None
