@@ -318,6 +318,19 @@ def test_a_symlink_at_log_csv_is_refused_on_resume(run, tmp_path, capsys):
     assert (tmp_path / "victim.txt").read_text() == "precious\n"
 
 
+def test_a_fifo_or_huge_log_csv_is_refused_on_resume_without_hanging(run, tmp_path, capsys):
+    copy = _copy_run(run, tmp_path / "r")
+    config = json.loads((copy / "config.json").read_text())
+    os.mkfifo(copy / "log.csv")
+    assert main(_train_args(Path(config["data"]), copy, "--resume", "--max-steps", "3")) == 2
+    _one_line_error(capsys, "not a regular file")
+    (copy / "log.csv").unlink()
+    with open(copy / "log.csv", "wb") as f:
+        f.truncate(runfolder.LOG_MAX_BYTES + 1)  # sparse: no disk used
+    assert main(_train_args(Path(config["data"]), copy, "--resume", "--max-steps", "3")) == 2
+    _one_line_error(capsys, "MiB")
+
+
 def test_a_symlink_planted_at_data_receives_no_corpus(tmp_path, capsys):
     out, elsewhere = tmp_path / "o", tmp_path / "elsewhere"
     out.mkdir()

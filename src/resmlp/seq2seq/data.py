@@ -45,6 +45,8 @@ def split_lines(text: str) -> list[str]:
 
 def read_lines(path: str | Path) -> list[str]:
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO or device would block or never end
+        raise DataError(f"{path} is not a regular file (expected one sentence per line)")
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (expected one sentence per line)")
     try:

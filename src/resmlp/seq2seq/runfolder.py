@@ -21,13 +21,14 @@ import io
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from resmlp.checkpoint import torch_load
-from resmlp.errors import CheckpointError, ConfigError, OutputError
+from resmlp.errors import CheckpointError, ConfigError, DataError, OutputError
 from resmlp.fileio import atomic_write, write_json
 from resmlp.hostinfo import physical_memory_bytes
 from resmlp.seq2seq.config import TranslationConfig
@@ -38,6 +39,7 @@ TOKENIZER = "tokenizer.model"
 CONFIG = "config.json"
 LOG = "log.csv"
 CONFIG_MAX_BYTES = 1 << 20  # this project writes about 1 kB
+LOG_MAX_BYTES = 64 << 20  # a row of ~60 bytes every log_every (50) steps: 100 000 steps log about 120 kB
 _CONFIG_MAX_DEPTH = 3  # the config, its model_overrides, nothing deeper
 # what `seq2seq.train.save_checkpoint` writes, and the type of each; the others are needed for a resume only
 _CHECKPOINT_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -231,15 +233,22 @@ class RunLog:
         self._write()
 
     def _read(self) -> list[dict[str, Any]]:
-        """The rows of the existing log (rows a kill damaged are dropped); never read through a symlink."""
+        """The rows of the existing log (rows a kill damaged are dropped); never read through a symlink, nor from a
+        FIFO or device (O_NONBLOCK: opening a FIFO would wait for a writer)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return []
         except OSError:  # ELOOP: a symlink
-            raise OutputError(f"{self.path} is not a file of the run (a symlink?); a run writes only inside its "
-                              "output folder: remove it") from None
+            raise OutputError(f"{self.path} is a symlink; a run reads and writes only inside its output folder: "
+                              "remove it") from None
         with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise OutputError(f"{self.path} is not a regular file; remove it to resume")
+            if info.st_size > LOG_MAX_BYTES:
+                raise DataError(f"{self.path} holds more than {LOG_MAX_BYTES >> 20} MiB, far more than a run logs (a "
+                                "row every few steps); it is not this run's log: move it away to resume")
             rows = list(csv.DictReader(f))
         kept = []
         for row in rows:
