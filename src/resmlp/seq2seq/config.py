@@ -19,7 +19,7 @@ from typing import Any
 
 from resmlp.errors import ConfigError
 from resmlp.seq2seq.decoding import MAX_BEAM, check_beam
-from resmlp.seq2seq.model import ARCHS, LIMITS, PRESETS, Seq2SeqConfig
+from resmlp.seq2seq.model import ARCHS, LIMITS, PRESETS, Seq2SeqConfig, translation_model_config
 from resmlp.seq2seq.tasks import TASKS
 
 # fp32: no autocast; bf16: CPU or GPU autocast; fp16: GPU autocast with loss scaling; auto: runtime.resolve_amp
@@ -109,8 +109,7 @@ class TranslationConfig:
 
     def model_config(self, vocab_size: int) -> Seq2SeqConfig:
         """The model of this run for a tokenizer of `vocab_size` pieces (the preset with the overrides)."""
-        return Seq2SeqConfig(vocab_size=vocab_size, **{**PRESETS[self.preset], "arch": self.arch,
-                                                       **self.model_overrides})
+        return translation_model_config(self.preset, vocab_size, arch=self.arch, **self.model_overrides)
 
 
 def _type_errors(values: dict[str, Any]) -> list[str]:
