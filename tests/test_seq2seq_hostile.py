@@ -242,6 +242,9 @@ def test_resuming_a_finished_run_trains_no_more(corpus, tmp_path, capsys):
     capsys.readouterr()
     assert main(_train_args(corpus, out, "--resume", "--max-steps", "1")) == 2
     _one_line_error(capsys, "--max-steps 1", "not shorten")
+    assert main(_train_args(corpus, out, "--resume", "--max-steps", "3")) == 0  # extended: one more step
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 3
+    assert json.loads((out / "config.json").read_text())["max_steps"] == 3  # how to repeat the run
 
 
 @pytest.mark.parametrize("flag, value", [("--optimizer", "adam"), ("--arch", "transformer"), ("--seed", "5"),

@@ -276,6 +276,7 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     if info.is_main and ckpt is None:  # a new run's own tokenizer and config, over any a killed run left
         tok = Tokenizer.train(train_src + train_tgt, cfg.vocab_size)
         atomic_write(out / TOKENIZER, lambda p: p.write_bytes(tok.model_bytes))
+    if info.is_main:  # a resume's own max_steps, devices...: config.json says how to repeat the run
         write_run_config(out, cfg)
     barrier(info)
     tok = Tokenizer.load(out / TOKENIZER)
