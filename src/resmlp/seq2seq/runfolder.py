@@ -123,6 +123,9 @@ def checkpoint_model_config(ckpt: dict[str, Any], path: str | Path = "checkpoint
 
 
 def _check_tensors(tensors: dict[Any, Any], path: Path) -> None:
+    """The model's weights as `save_checkpoint` writes them: named, dense, contiguous CPU tensors viewing only their
+    own storage, float and finite. (With the shared checkpoint reader of issue 36, `checkpoint_reader.
+    check_state_dict` covers all but the float and contiguity requirements.)"""
     for name, tensor in tensors.items():
         if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
             raise CheckpointError(f"{path}: model entry {name!r} is not a named tensor")
