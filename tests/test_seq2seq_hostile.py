@@ -220,6 +220,14 @@ def test_decoding_flags_are_checked_by_eval_and_decode(run, capsys, action):
     _one_line_error(capsys, "--lenpen")
 
 
+def test_translate_train_of_a_model_too_large_for_memory_writes_nothing(tmp_path, capsys):
+    args = ["translate", "train", "--task", "numbers-en-de", "--output", str(tmp_path / "o"), "--dim", "16384",
+            "--hidden", "65536", "--heads", "8", "--vocab-size", "1000000"]
+    assert main(args) == 2
+    _one_line_error(capsys, "GiB", "--max-tokens")
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_model_too_large_for_memory_is_refused_before_it_is_built():
     config = Seq2SeqConfig(vocab_size=1_000_000, dim=16384, hidden=65536, encoder_layers=50, decoder_layers=50,
                            heads=8, max_len=4096)

@@ -251,6 +251,8 @@ def train_translation(cfg: TranslationConfig, resume: bool = False) -> dict[str,
     out = Path(cfg.output)
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(f"{out} already holds a checkpoint; pass --resume to continue it or pick another --output")
+    # before anything is read, built or written, at the most pieces the tokenizer can have (it may end with fewer)
+    check_training_memory(cfg.model_config(cfg.vocab_size), cfg.max_tokens)
     with process_settings(cfg.threads):
         info = init_distributed(cfg.device)
         try:
@@ -281,7 +283,6 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     barrier(info)
     tok = Tokenizer.load(out / TOKENIZER)
     mcfg = cfg.model_config(len(tok))
-    check_training_memory(mcfg, cfg.max_tokens)  # before the model is built
     src_ids = tok.encode(train_src, mcfg.max_len, "train sources")
     tgt_ids = tok.encode(train_tgt, mcfg.max_len - 1, "train targets")  # room for BOS / EOS
     vsrc = tok.encode(valid_src, mcfg.max_len, "valid sources")
