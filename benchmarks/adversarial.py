@@ -598,6 +598,171 @@ for _label, _bad, _words in (
         return "Traceback" not in err and rc == 0 and bool(warned), f"exit {rc}: {(warned or ['no warning'])[0][:150]}"
 
 
+# ------------------------------------------------------------------------------------------ translation: issue 36
+# One case per mechanism of the translation side (M8 corpora, tokenizer, NaN weights; M9 run folders and resume;
+# M10 planted symlinks; M11 flags; M3 checkpoint sizes). A tiny run is trained once and copied into each case.
+_TRANSLATION_TRAIN = ["--src-suffix", "en", "--tgt-suffix", "fr", "--preset", "tiny", "--vocab-size", "60",
+                      "--max-tokens", "256", "--max-steps", "2", "--eval-every", "2", "--beam", "1", "--threads", "1",
+                      "--no-progress"]
+_TRANSLATION_RUN: dict[str, Path] = {}
+_KEEP = tempfile.TemporaryDirectory()  # the trained run, shared by the cases, removed at exit
+
+
+def _translation_run(d: Path) -> Path:
+    """A copy, in `d`, of a finished two-step run (its corpus stays where config.json names it)."""
+    if not _TRANSLATION_RUN:
+        root = Path(_KEEP.name)
+        data = _corpus(root / "corpus", {})
+        rc, err = cli("translate", "train", "--data", str(data), *_TRANSLATION_TRAIN, "--output", str(root / "run"))
+        if rc != 0:
+            raise RuntimeError(f"training the shared run failed: {err[-300:]}")
+        _TRANSLATION_RUN.update(run=root / "run", data=data)
+    copy = d / "run"
+    copy.mkdir()
+    for name in ("checkpoint.pt", "tokenizer.model", "config.json", "log.csv"):
+        (copy / name).write_bytes((_TRANSLATION_RUN["run"] / name).read_bytes())
+    return copy
+
+
+def _resume(run: Path, *extra: str) -> tuple[int, str]:
+    return cli("translate", "train", "--data", str(_TRANSLATION_RUN["data"]), *_TRANSLATION_TRAIN, "--output",
+               str(run), "--resume", *extra)
+
+
+def _edit_translation_checkpoint(run: Path, edit: Callable[[dict], None]) -> Path:
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, run / "checkpoint.pt")
+    return run
+
+
+@case("translation corpus with a form feed and U+2028 inside lines (M8: pairs stay aligned)")
+def _(d: Path):
+    from resmlp.seq2seq.data import read_parallel
+
+    (d / "a.en").write_text("one\x0cx\ntwo\nthree\n", encoding="utf-8")
+    (d / "a.fr").write_text("un\ndeux\ntrois\u2028y\n", encoding="utf-8")
+    src, tgt = read_parallel(d / "a.en", d / "a.fr")
+    pairs = [(s[:3], t[:2]) for s, t in zip(src, tgt, strict=True)]
+    return pairs == [("one", "un"), ("two", "de"), ("thr", "tr")], f"{len(pairs)} pairs: {pairs}"
+
+
+@case("`resmlp translate train` on an empty corpus (M8)")
+def _(d: Path):
+    data = _corpus(d / "c", {"train.en": b"", "train.fr": b""})
+    return clean_cli_failure(*cli("translate", "train", "--data", str(data), *_TRANSLATION_TRAIN, "--output",
+                                  str(d / "o")), "empty")
+
+
+@case("`resmlp translate eval` with a truncated tokenizer.model (M8)")
+def _(d: Path):
+    run = _translation_run(d)
+    (run / "tokenizer.model").write_bytes((run / "tokenizer.model").read_bytes()[:100])
+    return clean_cli_failure(*cli("translate", "eval", str(run), "--beam", "1"), "sentencepiece")
+
+
+@case("`resmlp translate decode` with NaN weights in checkpoint.pt (M8)")
+def _(d: Path):
+    run = _edit_translation_checkpoint(_translation_run(d),
+                                       lambda c: c["model"]["src_embed.weight"].__setitem__((5, 0), float("nan")))
+    return clean_cli_failure(*cli("translate", "decode", str(run), "--input", str(_TRANSLATION_RUN["data"] /
+                                                                                  "test.en")), "NaN")
+
+
+@case("translation checkpoint.pt claiming dim 4096, vocabulary 200000, max_len 1e9 (M3)")
+def _(d: Path):
+    run = _edit_translation_checkpoint(_translation_run(d), lambda c: c["model_config"].update(
+        dim=4096, vocab_size=200_000, max_len=10**9))
+    t0 = time.time()
+    rc, err = cli("translate", "eval", str(run), "--beam", "1")
+    ok, how = clean_cli_failure(rc, err, "max_len")
+    return ok, f"{how} ({time.time() - t0:.1f} s)"
+
+
+@case("translation checkpoint.pt within limits but larger than its tensors (M3: compared on the meta device)")
+def _(d: Path):
+    from resmlp.seq2seq.runfolder import read_translation_checkpoint
+
+    run = _edit_translation_checkpoint(_translation_run(d), lambda c: c["model_config"].update(
+        dim=4096, vocab_size=200_000, max_len=4096, heads=8))
+    return refused(lambda: read_translation_checkpoint(run / "checkpoint.pt"))
+
+
+@case("translation checkpoint.pt with step a string (M9)")
+def _(d: Path):
+    run = _edit_translation_checkpoint(_translation_run(d), lambda c: c.update(step="2"))
+    return clean_cli_failure(*_resume(run, "--max-steps", "3"), "step")
+
+
+@case("translation config.json nested 100000 levels deep (M9)")
+def _(d: Path):
+    run = _translation_run(d)
+    (run / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    return clean_cli_failure(*cli("translate", "eval", str(run), "--beam", "1"), "config.json")
+
+
+@case("`resmlp translate train --resume` of a finished run (M9: trains no more)")
+def _(d: Path):
+    run = _translation_run(d)
+    before = (run / "checkpoint.pt").read_bytes()
+    rc, err = _resume(run)
+    after = torch.load(run / "checkpoint.pt", weights_only=True)
+    same = (run / "checkpoint.pt").read_bytes() == before
+    return rc == 0 and same and after["step"] == 2, f"exit {rc}, step {after['step']}, checkpoint unchanged: {same}"
+
+
+@case("`resmlp translate train --resume --optimizer adam` of an adagrad run (M9)")
+def _(d: Path):
+    return clean_cli_failure(*_resume(_translation_run(d), "--optimizer", "adam"), "--optimizer")
+
+
+@case("new translation run over one killed before its first checkpoint, other data (M9: own tokenizer)")
+def _(d: Path):
+    run = _translation_run(d)
+    old = (run / "tokenizer.model").read_bytes()
+    (run / "checkpoint.pt").unlink()
+    (run / ".checkpoint.pt.x1y2z3.tmp").write_bytes(b"half")
+    other = _corpus(d / "other", {f"{split}.fr": "".join(f"autre {n} ü\n" for n in range(count)).encode()
+                                  for split, count in (("train", 60), ("valid", 10), ("test", 10))})
+    rc, err = cli("translate", "train", "--data", str(other), *_TRANSLATION_TRAIN, "--output", str(run))
+    own = (run / "tokenizer.model").read_bytes() != old
+    config = json.loads((run / "config.json").read_text())["data"] == str(other)
+    stale = list(run.glob(".*.tmp"))
+    return rc == 0 and own and config and not stale, (f"exit {rc}, new tokenizer: {own}, config names the new data: "
+                                                      f"{config}, temporaries left: {len(stale)}")
+
+
+@case("`resmlp translate train` with a log.csv symlink planted in the output folder (M10)")
+def _(d: Path):
+    out, victim = d / "o", d / "victim.txt"
+    out.mkdir()
+    victim.write_text("precious\n")
+    (out / "log.csv").symlink_to(victim)
+    data = _corpus(d / "c", {})
+    rc, err = cli("translate", "train", "--data", str(data), *_TRANSLATION_TRAIN, "--output", str(out))
+    intact, replaced = victim.read_text() == "precious\n", not (out / "log.csv").is_symlink()
+    return rc == 0 and intact and replaced, f"exit {rc}, victim intact: {intact}, log.csv now a file: {replaced}"
+
+
+@case("`resmlp translate train --task` with a data/ symlink planted in the output folder (M10)")
+def _(d: Path):
+    out, elsewhere = d / "o", d / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "data").symlink_to(elsewhere)
+    rc, err = cli("translate", "train", "--task", "numbers-en-de", "--train-size", "100", "--preset", "tiny",
+                  "--max-steps", "1", "--no-progress", "--output", str(out))
+    ok, how = clean_cli_failure(rc, err, "symlink")
+    return ok and not list(elsewhere.iterdir()), how
+
+
+for _flag, _value in (("--eval-every", "0"), ("--layerscale-init", "nan"), ("--max-minutes", "nan"),
+                      ("--vocab-size", "4"), ("--encoder-layers", "100000"), ("--lenpen", "nan")):
+    @case(f"`resmlp translate train {_flag} {_value}` (M11)")
+    def _(d: Path, flag=_flag, value=_value):
+        return clean_cli_failure(*cli("translate", "train", "--task", "numbers-en-de", "--output", str(d / "o"),
+                                      flag, value), flag)
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")

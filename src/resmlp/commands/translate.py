@@ -93,10 +93,8 @@ def _preparing(args: argparse.Namespace) -> None:
 
 
 def run_translate_train(args: argparse.Namespace) -> int:
-    from resmlp.seq2seq.decoding import check_beam
     from resmlp.seq2seq.train import TranslationConfig, train_translation
 
-    check_beam(args.beam)  # before training, not after it
     if args.task is None and args.data is None:
         if not args.resume:
             raise ValueError("resmlp translate train needs --task NAME or --data DIR (or --resume to continue the "
@@ -131,22 +129,19 @@ def run_translate_train(args: argparse.Namespace) -> int:
 
 
 def _run_config(checkpoint: str):
-    from resmlp.seq2seq.train import TranslationConfig
+    from resmlp.seq2seq.runfolder import read_run_config
 
     run_dir = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
-    config = run_dir / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"{config} not found; CHECKPOINT must be a `resmlp translate train` output")
-    return run_dir, TranslationConfig(**json.loads(config.read_text()))
+    return run_dir, read_run_config(run_dir)
 
 
 def run_translate_eval(args: argparse.Namespace) -> int:
     from resmlp.runtime import process_settings, resolve_device
+    from resmlp.seq2seq.config import check_decoding
     from resmlp.seq2seq.data import read_parallel
-    from resmlp.seq2seq.decoding import check_beam
     from resmlp.seq2seq.train import evaluate_translation, load_trained, scores, translate
 
-    check_beam(args.beam)
+    check_decoding(args.beam, args.lenpen)
     if bool(args.src) != bool(args.ref):
         raise ValueError("--src and --ref go together")
     with process_settings(args.threads):
@@ -172,14 +167,14 @@ def run_translate_eval(args: argparse.Namespace) -> int:
 
 def run_translate_decode(args: argparse.Namespace) -> int:
     from resmlp.runtime import process_settings, resolve_device
-    from resmlp.seq2seq.data import read_lines
-    from resmlp.seq2seq.decoding import check_beam
+    from resmlp.seq2seq.config import check_decoding
+    from resmlp.seq2seq.data import read_lines, split_lines
     from resmlp.seq2seq.train import load_trained, translate
 
-    check_beam(args.beam)
+    check_decoding(args.beam, args.lenpen)
     with process_settings(args.threads):
         model, tok, _ = load_trained(args.checkpoint, resolve_device(args.device))
-        lines = sys.stdin.read().splitlines() if args.input == "-" else read_lines(args.input)
+        lines = split_lines(sys.stdin.read()) if args.input == "-" else read_lines(args.input)
         hyps = translate(model, tok, lines, beam=args.beam, lenpen=args.lenpen, precision=args.precision,
                          progress=args.progress)
     for hyp in hyps:

@@ -7,7 +7,12 @@ Bad input, and what happens to it:
 - a line longer than the model's max_len (in subword tokens): truncated to fit, with a warning saying how
   many lines were cut (sources keep max_len tokens, targets max_len - 1 so BOS/EOS fit);
 - characters the tokenizer never saw: sentencepiece maps them to <unk> (id 3), with a warning count;
-- a file that is not UTF-8: ValueError naming the file.
+- a file that is not UTF-8: ValueError naming the file;
+- a file without a single sentence pair (empty): DataError naming the file;
+- a form feed, vertical tab, U+0085, U+2028 or other separator inside a line: part of that line. Lines end at
+  "\n" only (a "\r" before it is dropped), so a character one file happens to hold can't shift every later
+  pair (str.splitlines would split there);
+- a tokenizer.model that is truncated, random or of another format, or over TOKENIZER_MAX_BYTES: DataError.
 """
 
 from __future__ import annotations
@@ -21,23 +26,42 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
+from resmlp.errors import DataError
+
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPLITS = ("train", "valid", "test")
+# a joint vocabulary of a million pieces is a few tens of MB; anything larger is not a tokenizer of ours
+TOKENIZER_MAX_BYTES = 256 << 20
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines ended by "\n" only (with a "\r" before it dropped), the way parallel corpora are aligned; the
+    last line needs no "\n"."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def read_lines(path: str | Path) -> list[str]:
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO or device would block or never end
+        raise DataError(f"{path} is not a regular file (expected one sentence per line)")
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (expected one sentence per line)")
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return split_lines(path.read_bytes().decode("utf-8"))  # not read_text: it turns a lone "\r" into "\n"
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e}); convert it, e.g. with iconv -t utf-8") from None
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
-    """Aligned source/target lines; refuses mismatched counts and empty lines with a clear message."""
+    """Aligned source/target lines; refuses empty files, mismatched counts and empty lines with a clear message."""
     src, tgt = read_lines(src_path), read_lines(tgt_path)
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
+        if not lines:
+            raise DataError(f"{path} is empty; a parallel corpus needs at least one sentence pair (a sentence "
+                            "per line)")
     if len(src) != len(tgt):
         raise ValueError(
             f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; parallel files must be aligned "
@@ -61,22 +85,33 @@ def split_paths(data_dir: str | Path, split: str, src_suffix: str, tgt_suffix: s
 class Tokenizer:
     """A sentencepiece model shared by source and target (joint vocabulary), kept as its bytes."""
 
-    def __init__(self, model_bytes: bytes) -> None:
+    def __init__(self, model_bytes: bytes, name: str = "tokenizer") -> None:
         self.model_bytes = model_bytes
-        self.sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+        self.sp = spm.SentencePieceProcessor()
+        try:  # sentencepiece parses the protobuf; a damaged one is a RuntimeError("INTERNAL: ...")
+            self.sp.LoadFromSerializedProto(model_bytes)
+        except RuntimeError:
+            raise DataError(f"{name} is not a sentencepiece model (truncated, or another format); use the "
+                            "tokenizer.model that `resmlp translate train` wrote with the checkpoint") from None
         if (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id()) != (PAD, BOS, EOS, UNK):
-            raise ValueError("tokenizer was not trained by resmlp (expected pad/bos/eos/unk ids 0/1/2/3)")
+            raise DataError(f"{name} was not trained by resmlp (expected pad/bos/eos/unk ids 0/1/2/3)")
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, seed_sentences: int = 2_000_000) -> Tokenizer:
         """Train a unigram sentencepiece model in memory (the vocabulary may end smaller if text is small)."""
         buf = io.BytesIO()
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size, model_type="unigram",
-            character_coverage=1.0, pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=UNK,
-            hard_vocab_limit=False, input_sentence_size=seed_sentences, shuffle_input_sentence=True,
-            minloglevel=2,
-        )
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size, model_type="unigram",
+                character_coverage=1.0, pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=UNK,
+                hard_vocab_limit=False, input_sentence_size=seed_sentences, shuffle_input_sentence=True,
+                minloglevel=2,
+            )
+        except RuntimeError as e:  # e.g. "Vocabulary size is smaller than required_chars. 8 vs 12."
+            reason = str(e).split("]", 1)[-1].strip() or str(e)
+            raise DataError(f"the tokenizer could not be trained with --vocab-size {vocab_size}: {reason[:200]} "
+                            "(every distinct character of the training text needs a piece: raise --vocab-size)"
+                            ) from None
         return cls(buf.getvalue())
 
     @classmethod
@@ -84,7 +119,10 @@ class Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer {path} does not exist; `resmlp translate train` writes it")
-        return cls(path.read_bytes())
+        if path.stat().st_size > TOKENIZER_MAX_BYTES:
+            raise DataError(f"{path} holds {path.stat().st_size} bytes, more than any tokenizer of this project "
+                            f"({TOKENIZER_MAX_BYTES >> 20} MiB); it is not the run's tokenizer.model")
+        return cls(path.read_bytes(), str(path))
 
     def __len__(self) -> int:
         return self.sp.get_piece_size()

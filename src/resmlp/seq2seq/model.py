@@ -21,6 +21,17 @@ from resmlp.layers import Affine, LayerScale
 
 ARCHS = ("resmlp", "transformer")
 POSITIONS = ("none", "sinusoidal")
+# The range of each size a real run could use, with room to spare (the paper's largest model: 12 layers, width
+# 512, hidden 2048; WMT vocabularies hold 32-40k pieces): past these a typo or an edited checkpoint would
+# allocate until memory runs out. Every config passes here: flags, config.json, checkpoints.
+LIMITS: dict[str, tuple[int, int]] = {
+    "vocab_size": (5, 1_000_000), "dim": (1, 16384), "hidden": (1, 65536), "encoder_layers": (1, 1000),
+    "decoder_layers": (1, 1000), "heads": (1, 16384), "max_len": (2, 4096),
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,21 @@ class Seq2SeqConfig:
     eos_id: int = 2
 
     def __post_init__(self) -> None:
+        for name, (low, high) in LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{name}={value!r}: expected a whole number from {low} to {high}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name}={value!r}: expected a token id from 0 to vocab_size - 1")
+        if not (_is_number(self.dropout) and 0 <= self.dropout < 1):
+            raise ValueError(f"dropout={self.dropout!r}: expected a probability in [0, 1)")
+        if not (_is_number(self.layerscale_init) and 0 <= self.layerscale_init <= 100):
+            raise ValueError(f"layerscale_init={self.layerscale_init!r}: expected a number from 0 to 100 (the paper "
+                             "uses 0.2)")
+        if not isinstance(self.share_embeddings, bool):
+            raise ValueError(f"share_embeddings={self.share_embeddings!r}: expected true or false")
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {', '.join(ARCHS)}")
         if self.positions not in POSITIONS:
@@ -66,7 +92,9 @@ class Seq2SeqConfig:
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
         if unknown:
-            raise ValueError(f"unknown Seq2SeqConfig fields {sorted(unknown)}")
+            raise ValueError(f"unknown Seq2SeqConfig fields {sorted(map(str, unknown))}")
+        if "vocab_size" not in d:
+            raise ValueError("a Seq2SeqConfig needs vocab_size")
         return cls(**d)
 
 

@@ -5,20 +5,19 @@ batches, label-smoothed cross-entropy, Adagrad + linear warm-up (paper) or Adam 
 torchrun DDP, autocast, threads and the fp16 gradient scaler come from `resmlp.runtime`, as for the image
 models: one process per GPU (`cuda:LOCAL_RANK`) when GPUs are visible, else the CPU.
 
-Output directory:
-``config.json`` (training options and model config), ``tokenizer.model`` (sentencepiece bytes),
-``checkpoint.pt`` (model, optimizer, scheduler, step, seconds trained), ``log.csv``, ``summary.json``,
-``test.hyp`` (detokenised test translations).
+Output directory, owned by the run (`seq2seq.runfolder` reads it as untrusted; every write is an `atomic_write`):
+``data/`` (a built-in task's corpus), ``tokenizer.model`` (sentencepiece bytes), ``config.json`` (training
+options), ``checkpoint.pt`` (model, optimizer, scheduler, step, seconds trained, model config), ``log.csv``,
+``summary.json``, ``test.hyp`` (detokenised test translations). A new run writes them all, in that order, over
+what a run killed before its first checkpoint left; a resume reads them and refuses other options.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,8 @@ import sacrebleu
 import torch
 from torch import nn
 
-from resmlp.checkpoint import torch_load
-from resmlp.fileio import atomic_write, output_lock
+from resmlp.errors import CheckpointError, ConfigError
+from resmlp.fileio import atomic_write, guarded_subfolder, output_lock, remove_stale_temporaries
 from resmlp.hostinfo import host_info
 from resmlp.runtime import (
     DistInfo,
@@ -41,7 +40,9 @@ from resmlp.runtime import (
     resolve_amp,
     shutdown,
 )
+from resmlp.seq2seq.config import TranslationConfig, check_resumable
 from resmlp.seq2seq.data import (
+    SPLITS,
     Tokenizer,
     collate,
     pad_batch,
@@ -50,54 +51,21 @@ from resmlp.seq2seq.data import (
     token_batches,
 )
 from resmlp.seq2seq.decoding import beam_search, greedy
-from resmlp.seq2seq.model import Seq2SeqBase, Seq2SeqConfig, build_translation_model, translation_model_config
+from resmlp.seq2seq.model import Seq2SeqBase, build_translation_model
+from resmlp.seq2seq.runfolder import (
+    CHECKPOINT,
+    CONFIG,
+    TOKENIZER,
+    RunLog,
+    check_training_memory,
+    checkpoint_model_config,
+    model_from_checkpoint,
+    read_run_config,
+    read_translation_checkpoint,
+    restore_training_state,
+    write_run_config,
+)
 from resmlp.seq2seq.tasks import make_number_task
-
-CHECKPOINT = "checkpoint.pt"
-TOKENIZER = "tokenizer.model"
-# fp32: no autocast; bf16: CPU or GPU autocast; fp16: GPU autocast with loss scaling; auto: runtime.resolve_amp
-PRECISIONS = ("fp32", "bf16", "fp16", "auto")
-
-
-@dataclass
-class TranslationConfig:
-    """Everything a run depends on; saved to config.json so a run can be resumed and repeated."""
-
-    output: str
-    task: str | None = None  # built-in task (numbers-en-de, numbers-en-fr) or None with `data`
-    data: str | None = None  # directory with {train,valid,test}.{src_suffix,tgt_suffix}
-    src_suffix: str = "src"
-    tgt_suffix: str = "tgt"
-    task_train_size: int = 50_000
-    arch: str = "resmlp"
-    preset: str = "small"
-    model_overrides: dict[str, Any] = field(default_factory=dict)
-    vocab_size: int = 1000
-    optimizer: str = "adagrad"
-    lr: float = 0.2
-    warmup_steps: int = 500
-    max_tokens: int = 4096
-    max_steps: int = 100_000
-    max_minutes: float = 20.0  # wall-clock training budget, checked every step
-    eval_every: int = 500
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0
-    precision: str = "fp32"  # CPU bf16 autocast measured ~8x slower for these models (docs/translation.md)
-    beam: int = 4
-    lenpen: float = 0.6
-    seed: int = 0
-    log_every: int = 50
-    device: str = "auto"  # auto: cuda:LOCAL_RANK when a GPU is visible, else cpu
-    threads: int | None = None  # None: runtime.default_threads()
-    progress: bool = True  # a tqdm bar on stderr (rank 0)
-
-    def __post_init__(self) -> None:
-        if (self.task is None) == (self.data is None):
-            raise ValueError("give exactly one of --task (built-in number-words task) or --data DIR")
-        if self.optimizer not in ("adagrad", "adam"):
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose adagrad or adam")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -166,30 +134,9 @@ def save_checkpoint(out: Path, model: nn.Module, opt, sched, scaler, step: int, 
     atomic_write(out / CHECKPOINT, lambda p: torch.save(state, p))
 
 
-def _restore_rng(ckpt: dict[str, Any], device: torch.device) -> None:
-    """The generator states of the checkpoint (absent in files of earlier versions: then left as they are)."""
-    if "rng" in ckpt:
-        torch.set_rng_state(ckpt["rng"])
-    if "cuda_rng" in ckpt and device.type == "cuda":
-        torch.cuda.set_rng_state(ckpt["cuda_rng"], device)
-
-
-def _drop_rows_after(log_path: Path, step: int) -> None:
-    """Rows a killed run logged after its last checkpoint: the resumed run logs those steps again."""
-    if not log_path.is_file():
-        return
-    lines = log_path.read_text().splitlines(keepends=True)
-    kept = lines[:1] + [line for line in lines[1:] if int(line.split(",", 1)[0]) <= step]
-    if len(kept) != len(lines):
-        atomic_write(log_path, lambda p: p.write_text("".join(kept)))
-
-
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A `resmlp translate train` checkpoint, read weights-only (no code runs) onto the CPU."""
-    ckpt = torch_load(path)
-    if not isinstance(ckpt, dict) or "model_config" not in ckpt:
-        raise ValueError(f"{path} is not a `resmlp translate train` checkpoint (no model_config)")
-    return ckpt
+    """A `resmlp translate train` checkpoint, read weights-only (no code runs) onto the CPU and checked."""
+    return read_translation_checkpoint(path)
 
 
 def load_trained(path: str | Path, device: str | torch.device = "cpu"
@@ -198,9 +145,12 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"
     path = Path(path)
     out = path if path.is_dir() else path.parent
     ckpt = load_checkpoint(out / CHECKPOINT if path.is_dir() else path)
-    model = build_translation_model(Seq2SeqConfig.from_dict(ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), Tokenizer.load(out / TOKENIZER), ckpt
+    tok = Tokenizer.load(out / TOKENIZER)
+    model = model_from_checkpoint(ckpt)
+    if len(tok) != model.config.vocab_size:
+        raise CheckpointError(f"{out / TOKENIZER} has {len(tok)} pieces but the checkpoint's model "
+                              f"{model.config.vocab_size}: they come from different runs")
+    return model.to(device).eval(), tok, ckpt
 
 
 # ---------------------------------------------------------------------------------------- decoding
@@ -266,14 +216,35 @@ def validation_loss(model: nn.Module, src_ids, tgt_ids, max_tokens: int, device:
     return total.item() / max(1, count)  # the one read of the validation
 
 
-def _prepare_data(cfg: TranslationConfig, out: Path, info: DistInfo) -> Path:
+def _prepare_data(cfg: TranslationConfig, out: Path, info: DistInfo, fresh: bool) -> Path:
+    """The corpus: --data as given, or a built-in task's in OUT/data (never through a symlink planted there),
+    written by a new run over whatever was there, kept by a resume (its checkpoint was written after it)."""
     if cfg.task is None:
         return Path(cfg.data)
     data = out / "data"
-    if info.is_main and not (data / "test.tgt").is_file():
-        make_number_task(cfg.task, data, train_size=cfg.task_train_size, seed=cfg.seed)
+    if info.is_main:
+        guarded_subfolder(data)
+        remove_stale_temporaries(data)
+        complete = all((data / f"{split}.{side}").is_file() for split in SPLITS for side in ("src", "tgt"))
+        if fresh or not complete:
+            make_number_task(cfg.task, data, train_size=cfg.task_train_size, seed=cfg.seed)
     barrier(info)
     return data
+
+
+def _resume_state(cfg: TranslationConfig, out: Path) -> dict[str, Any]:
+    """The checkpoint a resume continues, once the run's config.json shows the same options (what
+    RESUMABLE_CHANGES names aside) and max_steps does not cut the run short."""
+    path = out / CHECKPOINT
+    if not path.is_file():
+        raise FileNotFoundError(f"nothing to resume: {path} does not exist (the run stopped before its first "
+                                "checkpoint?); start it again without --resume")
+    check_resumable(str(out / CONFIG), read_run_config(out), cfg)
+    ckpt = read_translation_checkpoint(path, for_resume=True)
+    if ckpt["step"] > cfg.max_steps:
+        raise ConfigError(f"--max-steps {cfg.max_steps} is below the {ckpt['step']} steps the run has trained; a "
+                          "resume can extend a run, not shorten it")
+    return ckpt
 
 
 def train_translation(cfg: TranslationConfig, resume: bool = False) -> dict[str, Any]:
@@ -282,6 +253,8 @@ def train_translation(cfg: TranslationConfig, resume: bool = False) -> dict[str,
     out = Path(cfg.output)
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(f"{out} already holds a checkpoint; pass --resume to continue it or pick another --output")
+    # before anything is read, built or written, at the most pieces the tokenizer can have (it may end with fewer)
+    check_training_memory(cfg.model_config(cfg.vocab_size), cfg.max_tokens)
     with process_settings(cfg.threads):
         info = init_distributed(cfg.device)
         try:
@@ -297,17 +270,21 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     rank, world, device = info.rank, info.world_size, info.device
     amp = resolve_precision(cfg.precision, device)
     torch.manual_seed(cfg.seed)
-    data = _prepare_data(cfg, out, info)
+    ckpt = _resume_state(cfg, out) if resume else None
+    if info.is_main:
+        remove_stale_temporaries(out)  # of writes a killed run left unfinished (we hold the folder's lock)
+    data = _prepare_data(cfg, out, info, fresh=ckpt is None)
     train_src, train_tgt = read_parallel(*split_paths(data, "train", cfg.src_suffix, cfg.tgt_suffix))
     valid_src, valid_tgt = read_parallel(*split_paths(data, "valid", cfg.src_suffix, cfg.tgt_suffix))
 
-    if info.is_main and not (out / TOKENIZER).is_file():
+    if info.is_main and ckpt is None:  # a new run's own tokenizer and config, over any a killed run left
         tok = Tokenizer.train(train_src + train_tgt, cfg.vocab_size)
         atomic_write(out / TOKENIZER, lambda p: p.write_bytes(tok.model_bytes))
-        atomic_write(out / "config.json", lambda p: p.write_text(json.dumps(asdict(cfg), indent=2)))
+    if info.is_main:  # a resume's own max_steps, devices...: config.json says how to repeat the run
+        write_run_config(out, cfg)
     barrier(info)
     tok = Tokenizer.load(out / TOKENIZER)
-    mcfg = translation_model_config(cfg.preset, len(tok), arch=cfg.arch, **cfg.model_overrides)
+    mcfg = cfg.model_config(len(tok))
     src_ids = tok.encode(train_src, mcfg.max_len, "train sources")
     tgt_ids = tok.encode(train_tgt, mcfg.max_len - 1, "train targets")  # room for BOS / EOS
     vsrc = tok.encode(valid_src, mcfg.max_len, "valid sources")
@@ -317,30 +294,18 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     opt, sched = make_optimizer(model, cfg)
     scaler = grad_scaler(amp, device)
     step, epoch, seconds, skip = 0, 0, 0.0, 0
-    if resume and (out / CHECKPOINT).is_file():
-        ckpt = load_checkpoint(out / CHECKPOINT)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])  # moves the state onto the parameters' device
-        sched.load_state_dict(ckpt["scheduler"])
-        if scaler is not None and "scaler" in ckpt:
-            scaler.load_state_dict(ckpt["scaler"])
+    if ckpt is not None:
+        if checkpoint_model_config(ckpt) != mcfg:
+            raise CheckpointError(f"{out / CHECKPOINT} holds another model than its run's config.json and "
+                                  f"{TOKENIZER} describe; the folder was edited")
+        restore_training_state(out / CHECKPOINT, ckpt, model, opt, sched, scaler, device)
         step, epoch, seconds = ckpt["step"], ckpt["epoch"], ckpt["train_seconds"]
         skip = ckpt.get("batch_in_epoch", 0)  # 0 in files of earlier versions: the epoch restarts
-        _restore_rng(ckpt, device)
-        if info.is_main:
-            _drop_rows_after(out / "log.csv", step)
     ddp_devices = [device.index] if device.type == "cuda" else None
     net = nn.parallel.DistributedDataParallel(model, device_ids=ddp_devices) if info.enabled else model
     loss_fn = nn.CrossEntropyLoss(ignore_index=0, label_smoothing=cfg.label_smoothing)
-    log_path = out / "log.csv"
-    log_fields = ["step", "epoch", "train_loss", "valid_loss", "lr", "tokens_per_s", "train_seconds"]
-    if info.is_main and not log_path.exists():
-        with open(log_path, "w", newline="") as f:
-            csv.DictWriter(f, log_fields).writeheader()
-
-    def log(row: dict[str, Any]) -> None:
-        with open(log_path, "a", newline="") as f:
-            csv.DictWriter(f, log_fields).writerow(row)
+    # the rows a killed run logged after its checkpoint are dropped: the resumed run logs those steps again
+    run_log = RunLog(out, step if ckpt is not None else None) if info.is_main else None
 
     budget = cfg.max_minutes * 60
     bar = tqdm(total=cfg.max_steps, initial=step, desc="train", unit="step", file=sys.stderr,
@@ -348,7 +313,7 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     model.train()
     started, tokens_seen, loss_n = time.time() - seconds, 0, 0
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # read once per log interval
-    window_start, stop = time.time(), False
+    window_start, stop = time.time(), step >= cfg.max_steps or seconds >= budget  # finished: nothing to train
     with bar:
         while not stop:
             batches = token_batches([len(s) for s in src_ids], [len(t) for t in tgt_ids], cfg.max_tokens,
@@ -384,7 +349,7 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
                     if evaluate_now:
                         row["valid_loss"] = round(validation_loss(model, vsrc, vtgt, cfg.max_tokens, device, amp), 4)
                         save_checkpoint(out, model, opt, sched, scaler, step, epoch, seconds, position + 1)
-                    log(row)
+                    run_log.append(row)
                     bar.set_postfix(loss=row["train_loss"], valid=row["valid_loss"], refresh=False)
                 if log_now:
                     loss_sum.zero_()
