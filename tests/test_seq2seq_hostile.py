@@ -223,7 +223,7 @@ def test_decoding_flags_are_checked_by_eval_and_decode(run, capsys, action):
 def test_translate_train_of_a_model_too_large_for_memory_writes_nothing(tmp_path, capsys):
     args = ["translate", "train", "--task", "numbers-en-de", "--output", str(tmp_path / "o"), "--dim", "16384",
             "--hidden", "65536", "--heads", "8", "--vocab-size", "1000000", "--encoder-layers", "50",
-            "--decoder-layers", "50"]  # 4.5 TB by the estimate: more than any host
+            "--decoder-layers", "50", "--no-progress"]  # 4.5 TB by the estimate: more than any host
     assert main(args) == 2
     _one_line_error(capsys, "GiB", "--max-tokens")
     assert not (tmp_path / "o").exists()
