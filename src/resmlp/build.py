@@ -81,19 +81,35 @@ def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans:
 
         if not timm.is_model(name.name):
             raise ValueError(f"timm has no model {name.name!r} (see timm.list_models())")
-        model = timm.create_model(name.name, pretrained=False, **sizes, **overrides)
+        model = _construct(name, overrides, lambda: timm.create_model(name.name, pretrained=False, **sizes,
+                                                                      **overrides))
     else:
         import torchvision
 
         if name.name not in torchvision.models.list_models(module=torchvision.models):
             raise ValueError(f"torchvision has no classification model {name.name!r}")
-        model = torchvision.models.get_model(name.name, weights=None, **({"num_classes": num_classes}
-                                                                         if num_classes is not None else {}))
+        model = _construct(name, overrides, lambda: torchvision.models.get_model(
+            name.name, weights=None, **({"num_classes": num_classes} if num_classes is not None else {})))
     if weights is not None:
         load_weights_file(model, weights, str(name))
     if name.kind == "torchvision" and in_chans == 1:
         model = RepeatChannels(model)  # torchvision classifiers take RGB
     return model
+
+
+def _construct(name: ModelName, overrides: dict[str, Any], make) -> nn.Module:
+    """`make()`, with a constructor's refusal of its arguments (TypeError, ValueError, AssertionError...) as a
+    ConfigError naming the model and the model.* keys given: they are what the user can change."""
+    from resmlp.errors import ConfigError
+
+    try:
+        return make()
+    except MemoryError:
+        raise
+    except Exception as e:  # timm's and torchvision's constructors raise whatever their code raises
+        keys = ", ".join(f"model.{k}={v!r}" for k, v in overrides.items()) or "no model.* keys"
+        raise ConfigError(f"{name} can't be built with {keys} ({type(e).__name__}: {e}); fix or remove those "
+                          "keys") from None
 
 
 def model_input(spec: str | ModelName, overrides: dict[str, Any] | None = None) -> tuple[int, int]:

@@ -7,7 +7,7 @@ it for a checkpoint (or a run folder) with the checkpoint's own preprocessing, d
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from resmlp.runtime import (
     DistInfo,
     all_reduce_sum,
     autocast,
+    check_device_name,
     is_accelerator,
     precision_name,
     resolve_amp,
@@ -104,19 +105,22 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Path | None = None,
              split: str | None = None, output: str | Path | None = None, batch_size: int = EVAL_BATCH_SIZE,
              num_workers: int = 2,
-             device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False) -> dict[str, Any]:
+             device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False,
+             announce: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
 
     data: a dataset kind (fashion-mnist, folder, cifar10, cifar100, synthetic) or a folder path (then
     `folder`, reading DIR/<split>/<class>/ images); None: the dataset the checkpoint was trained on. split:
     train, val or test; None: test where the dataset has one, else val (resmlp.data.heldout_split). With
-    `output`, writes OUTPUT/summary.json (keys as a training run's) and OUTPUT/confusion_matrix.png (next to
-    the checkpoint without `output`; none with plot=False).
+    `output`, writes OUTPUT/summary.json (keys as a training run's) and OUTPUT/confusion_matrix.png (none with
+    plot=False); without it, no file. `announce(summary)` is called before any file is written, so a score
+    is shown even when the output folder can't be written.
     """
     from resmlp import reporting
     from resmlp.hostinfo import host_info
     from resmlp.inference import load_for_inference
 
+    check_device_name(device)
     checkpoint = resolve_checkpoint(checkpoint)
     loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
     if data is None and data_dir is None:
@@ -163,11 +167,12 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                    loss=result["loss"], images=result["images"], skipped_images=result["skipped"],
                    dataset=data, split=split, per_class_top1=per_class, precision=precision_name(precision),
                    device=str(torch_device), batch_size=batch_size, host=host_info(precision))
-    if plot:  # next to the checkpoint unless an output folder is given
-        png = (Path(output) / "confusion_matrix.png" if output is not None
-               else checkpoint.with_name(f"{checkpoint.stem}_confusion_{data}_{split}.png"))
-        summary["confusion_matrix"] = str(reporting.plot_confusion_matrix(png, confusion, names).resolve())
-    if output is not None:
+    if announce is not None:
+        announce(summary)
+    if output is not None:  # only where asked: never beside the checkpoint, whose folder may be read-only
+        if plot:
+            png = reporting.plot_confusion_matrix(Path(output) / "confusion_matrix.png", confusion, names)
+            summary["confusion_matrix"] = str(png.resolve())
         reporting.write_json(Path(output) / "summary.json", summary)
     return summary
 
@@ -175,8 +180,13 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
 def _run_data(checkpoint: Path) -> tuple[str | None, str | None]:
     """(kind, folder) of the run whose config.json sits next to `checkpoint` (a run's image folder or custom
     dataset location is in its config, not in the checkpoint); (None, None) for a checkpoint outside a run."""
-    import json
+    from resmlp.errors import ConfigError
+    from resmlp.fileio import read_json_object
 
     config = checkpoint.parent / "config.json"
-    data = json.loads(config.read_text()).get("data", {}) if config.is_file() else {}
-    return data.get("kind"), data.get("dir")
+    data = read_json_object(config, "run config").get("data", {}) if config.is_file() else {}
+    kind, folder = (data.get("kind"), data.get("dir")) if isinstance(data, dict) else (None, 0)
+    if not all(v is None or isinstance(v, str) for v in (kind, folder)):
+        raise ConfigError(f"run config {config}: data.kind and data.dir must be strings, got {kind!r} and {folder!r}"
+                          "; restore the file or pass --data (and --data-dir)")
+    return kind, folder

@@ -185,6 +185,39 @@ def to_strict_json(value: Any) -> Any:
     return value
 
 
+MAX_JSON_BYTES = 1 << 20  # a run's config.json or summary.json is a few kB
+MAX_JSON_DEPTH = 32
+
+
+def read_json_object(path: str | Path, what: str = "file") -> dict[str, Any]:
+    """The JSON object in `path` (a run folder's config.json...), read strictly: at most MAX_JSON_BYTES, nested at
+    most MAX_JSON_DEPTH levels, an object with string keys at the top; ConfigError naming `what` and the file
+    for anything else."""
+    from resmlp.errors import ConfigError
+
+    path = Path(path)
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ConfigError(f"{what} {path} holds {path.stat().st_size} bytes, more than {MAX_JSON_BYTES}; "
+                          "this project writes a few kB there: the file was replaced")
+    try:
+        value = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"{what} {path} is not valid JSON ({type(e).__name__}: {str(e)[:100]}); restore it "
+                          "or start a new run") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} {path} holds a {type(value).__name__}, not a JSON object; restore it or start "
+                          "a new run")
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise ConfigError(f"{what} {path} is nested more than {MAX_JSON_DEPTH} levels deep; restore it or start "
+                          "a new run")
+    return value
+
+
+def _depth(value: Any) -> int:
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return 1 + max((_depth(c) for c in children), default=0)
+
+
 def write_json(path: str | Path, data: Any) -> Path:
     """Write `data` as indented, strictly valid JSON (NaN/inf -> null), atomically."""
     text = json.dumps(to_strict_json(data), indent=2, allow_nan=False) + "\n"

@@ -15,16 +15,20 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from resmlp.complexity import training_memory_bytes
+from resmlp.complexity import dino_memory_bytes, evaluation_memory_bytes, training_memory_bytes
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
 from resmlp.hostinfo import physical_memory_bytes
+from resmlp.preprocess import INTERPOLATIONS
+from resmlp.runtime import DEVICE_NAME
 from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
 
 # the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
 # memory runs out, or a zero would fail deep inside the run. The model's sizes are bounded by ResMLPConfig itself.
 RANGES: dict[str, tuple[float, float]] = {
-    "data.val_size": (0, 10_000_000), "data.synthetic_classes": (1, 100_000), "data.num_workers": (0, 256),
+    "data.val_size": (0, 10_000_000), "data.color_jitter": (0, 10), "train.seed": (0, 2**32 - 1),
+    "data.val_seed": (0, 2**32 - 1), "data.permute_seed": (0, 2**32 - 1), "data.synthetic_classes": (1, 100_000),
+    "data.num_workers": (0, 256),
     "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
     "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1),
     "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
@@ -47,6 +51,7 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
     `sources` names where a dotted key's value came from (a recipe file, the command line), for the messages;
     keys without one are named as the recipe's.
     """
+    _check_keys_are_strings(raw)
     errors: list[str] = []
     known = {"recipe", "task", "model", *SECTIONS}
     for key in raw:
@@ -67,7 +72,9 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
     if task is not None and task not in TASKS:
         errors.append(f"task: {task!r} is not one of {', '.join(TASKS)}")
         task = None
-    cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=dict(model), **sections)
+    model = {k: _coerce(v, float) if k in _MODEL_FLOATS and isinstance(v, str) and _coerce(v, float) is not _BAD
+             else v for k, v in model.items()}  # YAML reads 1e-9 as a string
+    cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=model, **sections)
     errors += _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
     if not errors:  # the memory estimate needs sizes that are each in range
         errors += _check_memory(cfg)
@@ -112,13 +119,30 @@ def _check_memory(cfg: TrainConfig) -> list[str]:
     except (ValueError, TypeError):
         return []  # _check_model reports it
     micro_batch = max(1, cfg.train.batch_size // cfg.train.grad_accum)
-    need, have = training_memory_bytes(config, micro_batch), physical_memory_bytes()
+    dn = cfg.dino
+    dino = 0 if cfg.task_name != "dino" else dino_memory_bytes(
+        config.dim, dn.out_dim, dn.hidden_dim, dn.bottleneck_dim, 2 + dn.num_local, config.img_size, micro_batch)
+    need = training_memory_bytes(config, micro_batch) + evaluation_memory_bytes(config.num_classes) + dino
+    have = physical_memory_bytes()
     if have is None or need <= have:
         return []
-    return [f"model: training {cfg.model['name']} (dim {config.dim}, depth {config.depth}, {config.img_size} px) at "
-            f"a batch of {micro_batch} needs at least {need / 2**30:.1f} GiB for weights, optimizer state and "
-            f"activations, more than this machine's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
-            "train.grad_accum), model.dim, model.depth or model.img_size"]
+    return [f"model: training {cfg.model['name']} (dim {config.dim}, depth {config.depth}, {config.img_size} px, "
+            f"{config.num_classes} classes{', with DINO' if dino else ''}) at a batch of {micro_batch} needs at least "
+            f"{need / 2**30:.1f} GiB for weights, optimizer state, activations and the evaluation's confusion "
+            f"matrix, more than this machine's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
+            "train.grad_accum), model.dim, model.depth, model.img_size, the classes or dino.out_dim"]
+
+
+_MODEL_FLOATS = ("mlp_ratio", "layerscale_init", "drop_rate", "drop_path_rate")
+
+
+def _check_keys_are_strings(raw: dict[Any, Any]) -> None:
+    """Every key of the recipe and its sections a string (YAML reads `1.5:` as a float, `~:` as None)."""
+    sections = [("", raw)] + [(f"{k}.", v) for k, v in raw.items() if isinstance(k, str) and isinstance(v, dict)]
+    bad = [f"{where}{key!r}" for where, values in sections for key in values if not isinstance(key, str)]
+    if bad:
+        raise ConfigError(f"invalid training config: key(s) {', '.join(bad[:5])} are not names; a recipe's keys are "
+                          "words such as train or batch_size (quote a key that YAML reads as a number or null)")
 
 
 def _unknown(key: str, known, what: str, where: str = "") -> str:
@@ -233,9 +257,15 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     if d.test_dir is not None:
         need(Path(d.test_dir).is_dir(), f"data.test_dir: {d.test_dir} does not exist or is not a folder")
     need(d.permute in ("none", "patch", "global"), f"data.permute: {d.permute!r} is not one of none, patch, global")
+    need(d.interpolation in INTERPOLATIONS, f"data.interpolation: {d.interpolation!r} is not one of "
+                                            f"{', '.join(INTERPOLATIONS)}")
+    need(len(d.synthetic_size) == 2, f"data.synthetic_size: [train, val] image counts, got {d.synthetic_size}")
+    if d.std is not None and d.mean is not None:
+        need(len(d.mean) == len(d.std) and len(d.mean) in (1, 3, _input_shape(cfg)[0]),
+             f"data.mean and data.std: as many values, 1, 3 or the model's channels, got {d.mean} and {d.std}")
+        need(all(v > 0 for v in d.std), f"data.std: every value must be > 0 (images are divided by it), got {d.std}")
     if d.auto_augment is not None:
-        need(d.auto_augment.startswith(("rand", "augmix", "original", "v0", "3a")),
-             f"data.auto_augment: {d.auto_augment!r} is not a timm policy string such as rand-m9-mstd0.5-inc1")
+        errors += _check_auto_augment(d.auto_augment)
     need(o.name in ("lamb", "sgd", "adamw"), f"optim.name: {o.name!r} is not one of lamb, sgd, adamw")
     need(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
     need(o.reference_batch is None or o.reference_batch > 0, "optim.reference_batch must be > 0 or null")
@@ -257,8 +287,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(t.compile in (True, False, "auto", "true", "false"),
          f"train.compile: {t.compile!r} is not one of auto, true, false")
     need(o.layer_decay is None or 0 < o.layer_decay <= 1, f"optim.layer_decay must be in (0, 1], got {o.layer_decay}")
-    need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
-         f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
+    need(DEVICE_NAME.fullmatch(t.device) is not None, f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
     return errors + _check_paradigm_sections(cfg)
 
 
@@ -286,8 +315,31 @@ def _check_paradigm_sections(cfg: TrainConfig) -> list[str]:
     need(ft.freeze is None or ft.freeze == "all-but-head" or (isinstance(ft.freeze, int) and ft.freeze >= 0),
          f"finetune.freeze: expected a number of blocks (>= 0) or all-but-head, got {ft.freeze!r}")
     need(dn.num_local >= 0 and dn.out_dim >= 1, "dino.num_local must be >= 0 and dino.out_dim >= 1")
+    img_size = _input_shape(cfg)[1]
+    need(dn.local_size is None or not img_size or dn.local_size <= img_size,
+         f"dino.local_size={dn.local_size} is larger than the global crops ({img_size} px); local crops are smaller")
     need(0 <= dn.momentum_teacher < 1, f"dino.momentum_teacher must be in [0, 1), got {dn.momentum_teacher}")
     for key in ("global_scale", "local_scale"):
         v = getattr(dn, key)
         need(len(v) == 2 and 0 < v[0] <= v[1] <= 1, f"dino.{key}: [min, max] in (0, 1], got {v}")
     return errors
+
+
+def _input_shape(cfg: TrainConfig) -> tuple[int, int]:
+    """(in_chans, img_size) of the model, (3, 0) when the model section can't say (_check_model reports why)."""
+    try:
+        return cfg.input_shape()
+    except Exception:  # noqa: BLE001 (any malformed model section: reported by _check_model)
+        return 3, 0
+
+
+def _check_auto_augment(policy: str) -> list[str]:
+    """timm's parse of the policy string, here rather than when the first image is augmented."""
+    from timm.data import create_transform
+
+    try:
+        create_transform(32, is_training=True, auto_augment=policy)
+    except Exception as e:  # timm's parsers raise AssertionError, ValueError, KeyError... for malformed policies
+        return [f"data.auto_augment: {policy!r} is not a timm policy string such as rand-m9-mstd0.5-inc1 "
+                f"({type(e).__name__}: {e})"]
+    return []
