@@ -42,6 +42,8 @@ class OutputError(ResmlpError, OSError):
 _OS_ADVICE = {
     errno.ENOSPC: "the disk is full; free space or write elsewhere",
     errno.EDQUOT: "the disk quota is exhausted; free space or write elsewhere",
+    errno.EFBIG: "the file would exceed the largest file this process may write (ulimit -f, or the file system's "
+                 "limit); raise the limit or write elsewhere",
     errno.EACCES: "permission denied; choose a path you can write/read",
     errno.EPERM: "operation not permitted; choose another path",
     errno.EROFS: "read-only file system; write elsewhere",

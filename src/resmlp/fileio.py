@@ -67,7 +67,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         try:
             write(tmp)
         except Exception as e:
-            raise _as_disk_error(e, path) from e
+            raise _as_disk_error(e, path, tmp) from e
         _finish(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -91,30 +91,45 @@ def _finish(tmp: Path) -> None:
 
 
 _OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors) quote errno
-_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 LOW_SPACE_BYTES = 1 << 20
+NEAR_SIZE_LIMIT_BYTES = 64 << 20  # torch.save's last write before the failure may be this far below the limit
 
 
-def _as_disk_error(exc: Exception, path: Path) -> Exception:
-    """A writer's failure as OSError(ENOSPC/EDQUOT, path) when the disk ran out, else unchanged.
+def _as_disk_error(exc: Exception, path: Path, tmp: Path | None = None) -> Exception:
+    """A writer's failure as OSError(ENOSPC/EDQUOT/EFBIG, path) when the disk, the quota or the file size limit
+    ran out, else unchanged.
 
-    Writers report a full disk in their own ways: an OSError (Python), "(os error 28)" inside a
-    SafetensorError, or no reason at all (torch.save: "unexpected pos"); for the last, a folder with less
-    than LOW_SPACE_BYTES left after the failure counts as full.
+    Writers report these in their own ways: an OSError (Python), "(os error 28)" inside a SafetensorError, or no
+    reason at all (torch.save: "unexpected pos"); for the last, a folder with less than LOW_SPACE_BYTES left
+    after the failure counts as full, and a temporary within NEAR_SIZE_LIMIT_BYTES of the process's file size
+    limit (`ulimit -f`; Python ignores SIGXFSZ, so the write fails instead) as too large.
     """
     if isinstance(exc, OSError):
         return exc if exc.errno not in _DISK_ERRNOS or exc.filename else type(exc)(exc.errno, exc.strerror, str(path))
     found = _OS_ERROR_CODE.search(str(exc))
     code = int(found.group(1)) if found else None
     if code is None:
-        try:
-            stats = os.statvfs(path.parent)
-            code = errno.ENOSPC if stats.f_bavail * stats.f_frsize < LOW_SPACE_BYTES else None
-        except OSError:
-            code = None
+        code = _reasonless_failure_code(path, tmp)
     if code not in _DISK_ERRNOS:
         return exc
     return OSError(code, os.strerror(code), str(path))
+
+
+def _reasonless_failure_code(path: Path, tmp: Path | None) -> int | None:
+    import resource
+
+    try:
+        stats = os.statvfs(path.parent)
+        if stats.f_bavail * stats.f_frsize < LOW_SPACE_BYTES:
+            return errno.ENOSPC
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if tmp is not None and limit != resource.RLIM_INFINITY \
+                and os.stat(tmp).st_size + NEAR_SIZE_LIMIT_BYTES >= limit:
+            return errno.EFBIG
+    except OSError:
+        return None
+    return None
 
 
 def guarded_subfolder(folder: str | Path) -> Path:
