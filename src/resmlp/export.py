@@ -7,7 +7,6 @@ layout), so other runtimes get the same single-product cross-patch layer as PyTo
 from __future__ import annotations
 
 import io
-
 import json
 import warnings
 from pathlib import Path
