@@ -137,3 +137,14 @@ def test_a_kill_between_two_end_of_epoch_writes_resumes_into_files_of_the_right_
     assert len((out / "metrics.csv").read_text().splitlines()) == 3
     final, expected = load_file(out / "last.safetensors"), load_file(tmp_path / "ref" / "last.safetensors")
     assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_a_fresh_run_clears_the_temporaries_of_a_killed_one(tmp_path):
+    """A run killed during its first checkpoint write leaves a temporary and no state: the next (new) run in that
+    folder clears it, as a resume does."""
+    out = tmp_path / "run"
+    out.mkdir()
+    stale = out / ".last.safetensors.x1y2z3.tmp"
+    stale.write_bytes(b"half a file")
+    train("fashion-mnist-quick", out, {**TINY, "schedule.epochs": 1})
+    assert not stale.exists()

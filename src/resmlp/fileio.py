@@ -10,7 +10,7 @@
 - `RunLock` makes an output folder belong to one run at a time; `output_lock` is the one every command that
   writes into a folder takes (nothing when no folder is given).
 - `guarded_subfolder` makes a folder inside an output folder, never through a symlink planted there: every
-  write of a run stays inside its folder.
+  write of a run stays inside its folder; `held_subfolder` also opens it, for writers that take a path.
 """
 
 from __future__ import annotations
@@ -144,6 +144,21 @@ def guarded_subfolder(folder: str | Path) -> Path:
         raise OutputError(f"{folder} is {what}; a run writes only inside its output folder: remove it or choose "
                           "another output folder")
     return folder
+
+
+def held_subfolder(folder: str | Path) -> tuple[int, Path]:
+    """`guarded_subfolder(folder)`, opened: (a descriptor of it, a path naming that very folder). The path is
+    /proc/self/fd/N where the system has it, so a writer given it (TensorBoard's, which opens files by path)
+    writes into the folder that was checked even if a symlink is swapped in at its name afterwards; O_NOFOLLOW
+    refuses one swapped in between the check and the open. Close the descriptor when the writer is done."""
+    folder = guarded_subfolder(folder)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:  # ELOOP (a symlink now) or ENOTDIR (a file now): replaced since the check
+        raise OutputError(f"{folder} was replaced while the run started ({e.strerror}); a run writes only inside "
+                          "its output folder: check who else writes there") from None
+    held = Path(f"/proc/self/fd/{fd}")
+    return fd, held if held.is_dir() else folder
 
 
 def output_lock(folder: str | Path | None) -> contextlib.AbstractContextManager:
