@@ -79,6 +79,8 @@ def test_dino_local_crops_are_not_larger_than_the_global_ones():
     (["eval-knn", "x.safetensors", "--batch-size", "-3"], "invalid batch size"),
     (["eval", "x.safetensors", "--output", ""], "--output is empty"),
     (["train", "--output", " "], "--output is empty"),
+    (["predict", "x.safetensors", "a.png", "--output", ""], "--output is empty"),
+    (["export", "x.safetensors", "--output", ""], "--output is empty"),
 ])
 def test_flags_out_of_range_are_usage_errors(capsys, argv, words):
     with pytest.raises(SystemExit) as exited:

@@ -47,6 +47,11 @@ def output_path(text: str) -> str:
     return text
 
 
+def output_file(text: str) -> Path:
+    """--output naming a file (predict, export): a path, not the empty string."""
+    return Path(output_path(text))
+
+
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from resmlp.commands.common import output_file
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
@@ -20,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "run folder")
     p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
     p.add_argument("--top-k", type=int, default=5, help="classes to report per image (default 5)")
-    p.add_argument("--output", type=Path, help="also write the predictions to FILE.json or FILE.csv")
+    p.add_argument("--output", type=output_file, help="also write the predictions to FILE.json or FILE.csv")
     p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
                    help="inference precision; int8: dynamic quantisation of the linear layers (default fp32)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per batch (default 32)")
