@@ -148,3 +148,17 @@ def test_a_fresh_run_clears_the_temporaries_of_a_killed_one(tmp_path):
     stale.write_bytes(b"half a file")
     train("fashion-mnist-quick", out, {**TINY, "schedule.epochs": 1})
     assert not stale.exists()
+
+
+@pytest.mark.parametrize("change", [{"epoch": "1"}, {"global_step": 2.0}, {"model": [1]}, {"history": None},
+                                    {"model": {3: torch.ones(1)}}])
+def test_a_damaged_state_file_is_one_line_not_a_traceback_deep_in_resume(tmp_path, change):
+    from resmlp.errors import CheckpointError
+    from resmlp.train.state import load_state
+
+    out = tmp_path / "run"
+    train("fashion-mnist-quick", out, {**TINY, "schedule.epochs": 1})
+    state = torch.load(out / "last.pth", weights_only=True)
+    torch.save({**state, **change}, out / "last.pth")
+    with pytest.raises(CheckpointError, match="last.pth"):
+        load_state(out / "last.pth")
