@@ -176,3 +176,13 @@ def test_the_field_checks_are_strict():
             call()
     with pytest.raises(ConfigError, match="n=9"):
         check_int(9, "n", "config.json", 0, 5, error=ConfigError)
+
+
+@pytest.mark.parametrize("pre", [{"mean": [None, 0.5, 0.5]}, {"crop_pct": 1e-9}, {"crop_pct": "big"},
+                                 {"interpolation": 3}])
+def test_preprocessing_metadata_is_checked_when_the_model_is_built(tmp_path, pre):
+    """resmlp.load puts the metadata's preprocessing into timm's pretrained_cfg: each value typed there too."""
+    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=8, dim=8, depth=2, num_classes=3)
+    path = resmlp.save(model, tmp_path / "m.safetensors", metadata={"preprocess": pre})
+    with pytest.raises(CheckpointError, match="checkpoint preprocess metadata"):
+        resmlp.load(path)

@@ -135,11 +135,16 @@ def _file_config(path: str):
     from the model built from the file (timm's and DeiT's files); None for a timm model's file."""
     if path.endswith(".safetensors"):
         from resmlp.checkpoint import read_header
+        from resmlp.errors import CheckpointError
         from resmlp.models.resmlp import ResMLPConfig
 
         header = read_header(path)
         if "config" in header:
-            return ResMLPConfig.from_dict(header["config"])
+            try:
+                return ResMLPConfig.from_dict(header["config"])
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"{path}: the model config in its metadata is invalid ({e}); re-save the "
+                                      "file") from None
     return getattr(build_model(ModelName("file", path)), "config", None)
 
 

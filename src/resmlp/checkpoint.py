@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 from resmlp.checkpoint_reader import (
+    check_float,
+    check_str,
     decode_metadata,
     read_safetensors_header,
     read_state_dict,
@@ -245,13 +247,15 @@ def describe_checkpoint(model: ResMLP, metadata: dict[str, Any]) -> dict[str, An
     preprocessing (mean, std, crop, interpolation) stored in the file's metadata where there is one."""
     cfg = dict(model.pretrained_cfg)
     pre = metadata.get("preprocess")
+    where = "checkpoint preprocess metadata"
     if isinstance(pre, dict):
         for key in ("mean", "std"):
             if isinstance(pre.get(key), (list, tuple)):
-                cfg[key] = tuple(float(v) for v in pre[key])
-        for key, kind in (("crop_pct", float), ("interpolation", str)):
-            if key in pre:
-                cfg[key] = kind(pre[key])
+                cfg[key] = tuple(check_float(v, key, where, -1e6, 1e6) for v in pre[key])
+        if "crop_pct" in pre:
+            cfg["crop_pct"] = check_float(pre["crop_pct"], "crop_pct", where, 0.1, 1.0)
+        if "interpolation" in pre:
+            cfg["interpolation"] = check_str(pre["interpolation"], "interpolation", where)
     if isinstance(metadata.get("class_names"), list):
         cfg["label_names"] = [str(n) for n in metadata["class_names"]]
     return cfg
