@@ -309,3 +309,15 @@ def test_a_batch_of_only_unreadable_images_is_one_line_even_from_a_worker():
     assert "Original Traceback" in str(caught.value)
     assert user_message(caught.value) == ("every image of a batch (2) was unreadable (see the warnings above); "
                                           "check the dataset files")
+
+
+def test_an_image_folder_lists_its_samples_in_torchvisions_order(tmp_path):
+    """Sample order decides the validation split carved from a folder: the bounded walk keeps ImageFolder's."""
+    from torchvision.datasets import ImageFolder
+
+    from resmlp.data import SkippingImageFolder
+
+    for rel in ("a/x.png", "a/b/y.png", "a/b-c/z.png", "a/b/d/w.png", "b/q.png", "b/A.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / rel)
+    assert SkippingImageFolder(tmp_path).samples == ImageFolder(str(tmp_path)).samples

@@ -36,14 +36,16 @@ def is_regular_file(path: str | Path) -> bool:
 
 def regular_files(top: str | Path, keep: Callable[[str], bool] = lambda _: True,
                   max_entries: int = MAX_WALK_ENTRIES) -> Iterator[Path]:
-    """The regular files under `top` whose name `keep` accepts, in sorted order per folder, folder symlinks
-    below `top` not followed; DataError past `max_entries` entries."""
-    seen = 0
+    """The regular files under `top` whose name `keep` accepts, folder symlinks below `top` not followed;
+    DataError past `max_entries` entries. In torchvision's order (folders sorted by path, then names), so an
+    image folder lists its samples as ImageFolder did."""
+    seen, folders = 0, []
     for folder, dirs, files in os.walk(top, followlinks=False):
-        dirs.sort()
         seen += len(dirs) + len(files)
         if seen > max_entries:
             raise DataError(f"{top} holds more than {max_entries} entries; name a smaller folder or pattern")
+        folders.append((folder, files))
+    for folder, files in sorted(folders):
         for name in sorted(files):
             path = os.path.join(folder, name)
             if keep(name) and is_regular_file(path):
