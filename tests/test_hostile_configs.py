@@ -27,6 +27,8 @@ QUICK = "fashion-mnist-quick"
     ("data.std=[-1]", "data.std: every value must be > 0"),
     ("data.std=[0]", "data.std: every value must be > 0"),
     ("data.mean=[0.5, 0.5]", "data.mean and data.std"),
+    ("data.mixup=1e300", "data.mixup=1e\\+300 .* outside"),
+    ("distill.teacher=timm:nope", "distill.teacher: timm has no model 'nope'"),
 ])
 def test_values_that_reach_a_constructor_are_refused_naming_the_key(override, words):
     overrides = [override] + (["data.mean=[0.5]"] if override.startswith("data.std") else [])
@@ -54,6 +56,8 @@ def test_a_timm_model_that_cant_take_its_arguments_is_a_config_error_naming_them
 
     with pytest.raises(ConfigError, match=r"timm:resnet18 can't be built with model.no_such_arg=3"):
         build_model("timm:resnet18", num_classes=3, no_such_arg=3)
+    with pytest.raises(ConfigError, match=r"model: timm:resnet18 can't be built with model.no_such_arg=3"):
+        load_config({"model": {"name": "timm:resnet18", "no_such_arg": 3}})  # at validation, on the meta device
 
 
 def test_the_memory_estimate_counts_the_confusion_matrix_and_the_dino_head(monkeypatch):

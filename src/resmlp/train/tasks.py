@@ -121,8 +121,7 @@ class SupervisedTask(Task):
             from resmlp.models.resmlp import ResMLP
 
             return ResMLP(cfg.model_config(num_classes))
-        overrides = {k: v for k, v in cfg.model_overrides.items() if k not in ("img_size", "num_classes")}
-        return build_model(cfg.model_name, num_classes=num_classes, **overrides)
+        return build_model(cfg.model_name, num_classes=num_classes, **cfg.constructor_overrides)
 
     def build_loss(self, trainer: TrainerView, num_classes: int) -> LossFn:
         return supervised_loss(self.cfg, num_classes)

@@ -15,6 +15,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from resmlp.build import build_model
 from resmlp.complexity import dino_memory_bytes, evaluation_memory_bytes, training_memory_bytes
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
@@ -22,13 +25,15 @@ from resmlp.hostinfo import physical_memory_bytes
 from resmlp.preprocess import INTERPOLATIONS
 from resmlp.runtime import DEVICE_NAME
 from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
+from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
 
 # the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
 # memory runs out, or a zero would fail deep inside the run. The model's sizes are bounded by ResMLPConfig itself.
 RANGES: dict[str, tuple[float, float]] = {
     "data.val_size": (0, 10_000_000), "data.color_jitter": (0, 10), "train.seed": (0, 2**32 - 1),
     "data.val_seed": (0, 2**32 - 1), "data.permute_seed": (0, 2**32 - 1), "data.synthetic_classes": (1, 100_000),
-    "data.num_workers": (0, 256),
+    "data.num_workers": (0, 256), "data.mixup": (0, 100), "data.cutmix": (0, 100), "optim.weight_decay": (0, 100),
+    "schedule.warmup_epochs": (0, 100_000), "schedule.decay_epochs": (0, 100_000),
     "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
     "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1),
     "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
@@ -51,7 +56,7 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
     `sources` names where a dotted key's value came from (a recipe file, the command line), for the messages;
     keys without one are named as the recipe's.
     """
-    _check_keys_are_strings(raw)
+    check_keys_are_strings(raw)
     errors: list[str] = []
     known = {"recipe", "task", "model", *SECTIONS}
     for key in raw:
@@ -136,15 +141,6 @@ def _check_memory(cfg: TrainConfig) -> list[str]:
 _MODEL_FLOATS = ("mlp_ratio", "layerscale_init", "drop_rate", "drop_path_rate")
 
 
-def _check_keys_are_strings(raw: dict[Any, Any]) -> None:
-    """Every key of the recipe and its sections a string (YAML reads `1.5:` as a float, `~:` as None)."""
-    sections = [("", raw)] + [(f"{k}.", v) for k, v in raw.items() if isinstance(k, str) and isinstance(v, dict)]
-    bad = [f"{where}{key!r}" for where, values in sections for key in values if not isinstance(key, str)]
-    if bad:
-        raise ConfigError(f"invalid training config: key(s) {', '.join(bad[:5])} are not names; a recipe's keys are "
-                          "words such as train or batch_size (quote a key that YAML reads as a number or null)")
-
-
 def _unknown(key: str, known, what: str, where: str = "") -> str:
     close = difflib.get_close_matches(key, list(known), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else f"; valid: {', '.join(sorted(known))}"
@@ -210,9 +206,10 @@ def _check_model(cfg: TrainConfig) -> list[str]:
         name = cfg.model_name
     except ValueError as e:
         return [f"model.name: {e}"]
-    if name.kind == "preset":
+    if name.kind != "file":  # presets, timm and torchvision models built on the meta device: no memory
         try:
-            cfg.model_config()
+            with torch.device("meta"):
+                cfg.model_config() if name.kind == "preset" else build_model(name, **cfg.constructor_overrides)
         except (ValueError, TypeError) as e:
             return [f"model: {e}"]
     if name.kind == "file":
@@ -261,11 +258,11 @@ def _check_values(cfg: TrainConfig) -> list[str]:
                                             f"{', '.join(INTERPOLATIONS)}")
     need(len(d.synthetic_size) == 2, f"data.synthetic_size: [train, val] image counts, got {d.synthetic_size}")
     if d.std is not None and d.mean is not None:
-        need(len(d.mean) == len(d.std) and len(d.mean) in (1, 3, _input_shape(cfg)[0]),
+        need(len(d.mean) == len(d.std) and len(d.mean) in (1, 3, input_shape(cfg)[0]),
              f"data.mean and data.std: as many values, 1, 3 or the model's channels, got {d.mean} and {d.std}")
         need(all(v > 0 for v in d.std), f"data.std: every value must be > 0 (images are divided by it), got {d.std}")
     if d.auto_augment is not None:
-        errors += _check_auto_augment(d.auto_augment)
+        errors += check_auto_augment(d.auto_augment)
     need(o.name in ("lamb", "sgd", "adamw"), f"optim.name: {o.name!r} is not one of lamb, sgd, adamw")
     need(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
     need(o.reference_batch is None or o.reference_batch > 0, "optim.reference_batch must be > 0 or null")
@@ -302,6 +299,8 @@ def _check_paradigm_sections(cfg: TrainConfig) -> list[str]:
 
     kd, ft, dn = cfg.distill, cfg.finetune, cfg.dino
     need(kd.type in ("hard", "soft"), f"distill.type: {kd.type!r} is not one of hard, soft")
+    if kd.teacher is not None:
+        errors += check_teacher(kd.teacher)
     need(0 <= kd.alpha <= 1, f"distill.alpha must be in [0, 1], got {kd.alpha}")
     need(kd.tau > 0, f"distill.tau must be > 0, got {kd.tau}")
     random_aug = [key for key, on in (("scale", list(d.scale) != [1.0, 1.0]), ("reprob", d.reprob > 0),
@@ -315,7 +314,7 @@ def _check_paradigm_sections(cfg: TrainConfig) -> list[str]:
     need(ft.freeze is None or ft.freeze == "all-but-head" or (isinstance(ft.freeze, int) and ft.freeze >= 0),
          f"finetune.freeze: expected a number of blocks (>= 0) or all-but-head, got {ft.freeze!r}")
     need(dn.num_local >= 0 and dn.out_dim >= 1, "dino.num_local must be >= 0 and dino.out_dim >= 1")
-    img_size = _input_shape(cfg)[1]
+    img_size = input_shape(cfg)[1]
     need(dn.local_size is None or not img_size or dn.local_size <= img_size,
          f"dino.local_size={dn.local_size} is larger than the global crops ({img_size} px); local crops are smaller")
     need(0 <= dn.momentum_teacher < 1, f"dino.momentum_teacher must be in [0, 1), got {dn.momentum_teacher}")
@@ -323,23 +322,3 @@ def _check_paradigm_sections(cfg: TrainConfig) -> list[str]:
         v = getattr(dn, key)
         need(len(v) == 2 and 0 < v[0] <= v[1] <= 1, f"dino.{key}: [min, max] in (0, 1], got {v}")
     return errors
-
-
-def _input_shape(cfg: TrainConfig) -> tuple[int, int]:
-    """(in_chans, img_size) of the model, (3, 0) when the model section can't say (_check_model reports why)."""
-    try:
-        return cfg.input_shape()
-    except Exception:  # noqa: BLE001 (any malformed model section: reported by _check_model)
-        return 3, 0
-
-
-def _check_auto_augment(policy: str) -> list[str]:
-    """timm's parse of the policy string, here rather than when the first image is augmented."""
-    from timm.data import create_transform
-
-    try:
-        create_transform(32, is_training=True, auto_augment=policy)
-    except Exception as e:  # timm's parsers raise AssertionError, ValueError, KeyError... for malformed policies
-        return [f"data.auto_augment: {policy!r} is not a timm policy string such as rand-m9-mstd0.5-inc1 "
-                f"({type(e).__name__}: {e})"]
-    return []
