@@ -186,3 +186,19 @@ def test_preprocessing_metadata_is_checked_when_the_model_is_built(tmp_path, pre
     path = resmlp.save(model, tmp_path / "m.safetensors", metadata={"preprocess": pre})
     with pytest.raises(CheckpointError, match="checkpoint preprocess metadata"):
         resmlp.load(path)
+
+
+def test_a_timm_weights_file_goes_through_the_reader_too(tmp_path):
+    """--teacher-weights / distill.weights: the same checks as every checkpoint (NaN weights, int names)."""
+    from resmlp.build import load_weights_file
+
+    model = torch.nn.Linear(2, 2)
+    state = model.state_dict()
+    torch.save({"model": {**state, "weight": torch.full((2, 2), float("nan"))}}, tmp_path / "nan.pth")
+    with pytest.raises(CheckpointError, match="NaN"):
+        load_weights_file(model, tmp_path / "nan.pth", "the teacher")
+    torch.save({0: state["weight"]}, tmp_path / "int.pth")
+    with pytest.raises(CheckpointError, match="named by a int"):
+        load_weights_file(model, tmp_path / "int.pth", "the teacher")
+    torch.save({"model": state}, tmp_path / "ok.pth")
+    assert load_weights_file(model, tmp_path / "ok.pth", "the teacher") is model

@@ -162,17 +162,19 @@ class RepeatChannels(nn.Module):
 def load_weights_file(model: nn.Module, path: str | Path, what: str) -> nn.Module:
     """Fill `model` from a state-dict file (safetensors, or a torch file read weights-only, flat or under
     'model'/'state_dict'); a message when the file doesn't fit."""
-    from resmlp.checkpoint import torch_load
+    from resmlp.checkpoint_reader import check_state_dict, read_safetensors, read_torch_file
+    from resmlp.errors import CheckpointError
 
     if str(path).endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        state = load_file(path)
+        state = read_safetensors(path)[1]
     else:
-        state = torch_load(path)
+        state = read_torch_file(path)
         for key in ("model", "state_dict"):  # common wrappers of training scripts
             if isinstance(state, dict) and isinstance(state.get(key), dict):
                 state = state[key]
+    if not isinstance(state, dict):
+        raise CheckpointError(f"weights {path} hold a {type(state).__name__}, not a state dict")
+    check_state_dict(state, path)  # names, dense tensors, dtypes, finite values
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
