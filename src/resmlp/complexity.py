@@ -67,10 +67,11 @@ def evaluation_memory_bytes(num_classes: int) -> int:
 
 def dino_memory_bytes(dim: int, out_dim: int, hidden_dim: int, bottleneck_dim: int, crops: int, crop_size: int,
                       batch_size: int) -> int:
-    """A lower estimate of what DINO adds to a training step (resmlp.train.dino): the head's fp32 weights in the
-    student and the teacher, the student's gradients and two optimizer moments; student and teacher outputs
-    and their softmax per crop; the crops of a batch as float32 images."""
+    """A lower estimate of what DINO adds to a training step (resmlp.train.dino), in fp32: the head's weights in
+    the student and the teacher, the student's gradients and two optimizer moments, and the weight-normalised
+    last layer's weight and its gradient (7 copies); per crop and image, the student's outputs, their
+    log-softmax and both gradients, the teacher's outputs and softmax (6 copies); the crops as images."""
     head = dim * hidden_dim + hidden_dim * hidden_dim + hidden_dim * bottleneck_dim + bottleneck_dim * out_dim
-    outputs = 3 * batch_size * crops * out_dim
+    outputs = 6 * batch_size * crops * out_dim
     images = batch_size * crops * 3 * crop_size**2
-    return 4 * (5 * head + outputs + images)
+    return 4 * (7 * head + outputs + images)
