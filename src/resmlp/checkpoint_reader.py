@@ -161,7 +161,7 @@ def _check_zip_records(path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ tensors
 def check_tensors(obj: Any, path: str | Path) -> None:
-    """Every tensor in `obj` (dicts, lists, tuples, Namespaces, at most MAX_DEPTH deep) passes `check_tensor`;
+    """Every tensor in `obj` (dicts, lists, tuples, sets, Namespaces, at most MAX_DEPTH deep) passes `check_tensor`;
     each container is visited once, however often the pickle references it."""
     seen: set[int] = set()
     todo: list[tuple[Any, str, int]] = [(obj, "", 0)]
@@ -170,14 +170,16 @@ def check_tensors(obj: Any, path: str | Path) -> None:
         if isinstance(item, torch.Tensor):
             check_tensor(item, where or "the file's tensor", path)
             continue
-        if isinstance(item, argparse.Namespace):
-            item = vars(item)
-        if not isinstance(item, (dict, list, tuple)) or id(item) in seen:
+        if not isinstance(item, (dict, list, tuple, set, frozenset, argparse.Namespace)) or id(item) in seen:
             continue
         if depth >= MAX_DEPTH:
             raise CheckpointError(f"{path}: containers nested more than {MAX_DEPTH} levels deep (at {where or 'top'})"
                                   "; no checkpoint has that: the file was crafted")
         seen.add(id(item))
+        if isinstance(item, argparse.Namespace):
+            item = vars(item)
+        elif isinstance(item, (set, frozenset)):
+            item = list(item)
         pairs = item.items() if isinstance(item, dict) else enumerate(item)
         todo.extend((value, f"{where}[{key!r}]", depth + 1) for key, value in pairs)
 

@@ -161,13 +161,14 @@ def parse_models(text: str) -> list[ModelSpec]:
 def build_model(spec: ModelSpec, img_size: int | None = None) -> tuple[nn.Module, tuple[int, int, int]]:
     """The model (eval mode) and its (channels, height, width) input, made by `resmlp.build.build_model`."""
     from resmlp.build import build_model as build_named_model
+    from resmlp.errors import ConfigError
 
     overrides = dict(spec.overrides)
     if img_size is not None:
         overrides["img_size"] = img_size
     try:
         model = build_named_model(spec.model, **overrides)
-    except TypeError:
+    except ConfigError:  # build_model's word for a constructor refusing its arguments
         if spec.model.kind != "timm" or "img_size" not in overrides:
             raise
         # timm convnets take no img_size argument because they accept any input size: feed it the size instead
