@@ -571,6 +571,263 @@ for _label, _content in (("corrupt gzip", b"\x1f\x8b\x08 not really gzip"),
                                  "ubyte.gz")
 
 
+# ------------------------------------------------------------------------------------------ issue 36, image side
+class _WrongArguments:
+    """Pickles as a call of an allowed callable (argparse.Namespace) with arguments it can't take."""
+
+    def __reduce__(self):
+        return (argparse.Namespace, (1, 2))
+
+
+@case("M1 weights-only pickle calling argparse.Namespace with wrong arguments")
+def _(d: Path):
+    torch.save({"args": _WrongArguments(), "model": {"w": torch.ones(2)}}, d / "c.pth")
+    return refused(lambda: resmlp.load(d / "c.pth"))
+
+
+@case("M1 int tensor names, a meta tensor, a sparse tensor")
+def _(d: Path):
+    results = []
+    for i, state in enumerate(({3: torch.ones(2)}, {"w": torch.empty(3, device="meta")},
+                               {"w": torch.eye(3).to_sparse()})):
+        torch.save(state, d / f"c{i}.pth")
+        results.append(refused(lambda i=i: read_checkpoint(d / f"c{i}.pth")))
+    return all(ok for ok, _ in results), " / ".join(how[:60] for _, how in results)
+
+
+@case("M2 checkpoint config dim=8.0, depth=1e400; no config and no channel_mlp")
+def _(d: Path):
+    config = {**tiny_model().config.to_dict(), "dim": 8.0}
+    first = refused(lambda: resmlp.load(tiny_checkpoint(d / "a.safetensors", config=json.dumps(config))))
+    deep = json.dumps(tiny_model().config.to_dict()).replace('"depth": 2', '"depth": 1e400')
+    second = refused(lambda: resmlp.load(tiny_checkpoint(d / "b.safetensors", config=deep)))
+    torch.save({k: v for k, v in tiny_model().state_dict().items() if "channel_mlp.fc1" not in k}, d / "c.pth")
+    third = refused(lambda: resmlp.load(d / "c.pth"))
+    return first[0] and second[0] and third[0], f"{first[1][:60]} / {second[1][:60]} / {third[1][:60]}"
+
+
+@case("M3 20 kB .pth whose head.weight is zeros(1).expand(30000, 30000)")
+def _(d: Path):
+    state = {**tiny_model().state_dict(), "head.weight": torch.zeros(1).expand(30000, 30000)}
+    torch.save(state, d / "c.pth")
+    start = time.perf_counter()
+    ok, how = refused(lambda: resmlp.load(d / "c.pth"))
+    return ok and time.perf_counter() - start < 5, how
+
+
+@case("M3 torch zip with a deflated 64 MB record (a few kB on disk)")
+def _(d: Path):
+    import zipfile
+
+    torch.save({"w": torch.zeros(16 << 20)}, d / "plain.pth")
+    with zipfile.ZipFile(d / "plain.pth") as src, zipfile.ZipFile(d / "c.pth", "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+    return refused(lambda: read_checkpoint(d / "c.pth"))
+
+
+def _cifar_batch(root: Path, batch: dict) -> Path:
+    base = root / "cifar-10-batches-py"
+    base.mkdir(parents=True)
+    with open(base / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [b"a"] * 10}, f, protocol=2)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(base / name, "wb") as f:
+            pickle.dump(batch, f, protocol=2)
+    return root
+
+
+@case("M4 CIFAR float labels [0.0, 1.5, 2.7, 3.9] (were truncated and scored)")
+def _(d: Path):
+    root = _cifar_batch(d / "c", {b"data": np.zeros((4, 3072), np.uint8), b"labels": [0.0, 1.5, 2.7, 3.9]})
+    return refused(lambda: build_dataset("cifar10", "test", root, 3))
+
+
+@case("M4 CIFAR data as a list naming one row 60,000 times")
+def _(d: Path):
+    row = list(range(256)) * 12
+    root = _cifar_batch(d / "c", {b"data": [row] * 60000, b"labels": [0] * 60000})
+    return refused(lambda: build_dataset("cifar10", "test", root, 3))
+
+
+@case("M5 `resmlp eval` on a folder whose val images are all unreadable")
+def _(d: Path):
+    for cls in ("a", "b", "c"):
+        (d / "data" / "val" / cls).mkdir(parents=True)
+        (d / "data" / "val" / cls / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    ckpt = saved_with_preprocess(d / "m.safetensors")
+    return clean_cli_failure(*cli("eval", str(ckpt), "--data", str(d / "data"), "--split", "val", "--no-progress"),
+                             "unreadable")
+
+
+@case("M6 `resmlp predict` on a 1 x 20,000 px PNG (an aspect-ratio bomb)")
+def _(d: Path):
+    Image.fromarray(np.zeros((1, 20000, 3), np.uint8)).save(d / "strip.png")
+    rc, err = cli("predict", str(saved_with_preprocess(d / "m.safetensors")), str(d / "strip.png"))
+    return clean_cli_failure(rc, err, "side ratio")
+
+
+@case("M7 a FIFO named x.png and two symlinks to .. in a class folder")
+def _(d: Path):
+    (d / "data" / "a").mkdir(parents=True)
+    an_image(d / "data" / "a" / "ok.png")
+    os.mkfifo(d / "data" / "a" / "x.png")
+    os.symlink("..", d / "data" / "a" / "up1")
+    os.symlink("..", d / "data" / "a" / "up2")
+    start = time.perf_counter()
+    samples = SkippingImageFolder(d / "data").samples
+    return len(samples) == 1 and time.perf_counter() - start < 10, f"{len(samples)} image, FIFO and loops skipped"
+
+
+@case("M7 `resmlp predict '/proc/self/**/*.png'`")
+def _(d: Path):
+    rc, err = cli("predict", str(saved_with_preprocess(d / "m.safetensors")), "/proc/self/**/*.png", timeout=60)
+    return clean_cli_failure(rc, err, "no such file")
+
+
+@case("M12 `--set train.device=cudafoo`, `data.std=[-1]`, `model.depth=2.5`, a recipe key `1.5:`")
+def _(d: Path):
+    results = [clean_cli_failure(*cli("train", *TRAIN_TINY, "--set", "data.mean=[0.5]", "--set", s, "--output",
+                                      str(d / f"o{i}")), key)
+               for i, (s, key) in enumerate((("train.device=cudafoo", "train.device"),
+                                             ("data.std=[-1]", "data.std: every value must be > 0"),
+                                             ("model.depth=2.5", "depth=2.5 is not an integer")))]
+    (d / "r.yaml").write_text("model:\n  name: resmlp_s12\n1.5: 3\n")
+    results.append(clean_cli_failure(*cli("train", "--recipe", str(d / "r.yaml"), "--output", str(d / "o")),
+                                     "not names"))
+    return all(ok for ok, _ in results) and not (d / "o1" / "last.pth").exists(), results[1][1]
+
+
+@case("M13 a run folder whose config.json is [1, 2] or nested 100,000 deep (`resmlp eval`)")
+def _(d: Path):
+    results = []
+    for i, content in enumerate(("[1, 2]", "[" * 100_000 + "]" * 100_000)):
+        run = d / f"run{i}"
+        saved_with_preprocess(run / "best.safetensors")
+        (run / "config.json").write_text(content)
+        results.append(clean_cli_failure(*cli("eval", str(run)), "run config"))
+    return all(ok for ok, _ in results), results[1][1]
+
+
+@case("M14 `resmlp export` to TorchScript under `ulimit -f` (aborted, exit 134)")
+def _(d: Path):
+    import resource
+
+    ckpt = saved_with_preprocess(d / "m.safetensors")
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "resmlp", "export", str(ckpt), "--output", str(d / "m.pt")],
+                          capture_output=True, text=True, timeout=300, env=env,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY)))
+    ok, how = clean_cli_failure(proc.returncode, proc.stderr.strip(), "largest file")
+    return ok and sorted(p.name for p in d.iterdir()) == ["m.safetensors"], how
+
+
+@case("M15 a kill between last.safetensors and last.pth, then resume")
+def _(d: Path):
+    from resmlp.checkpoint import read_metadata
+    from resmlp.train import train
+
+    overrides = [a for a in TRAIN_TINY if a != "--set"] + ["schedule.epochs=2", "train.compile=false"]
+    real_replace = os.replace
+
+    class Killed(BaseException):
+        pass
+
+    def die_after_last_safetensors(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if os.path.basename(dst) == "last.safetensors":
+            raise Killed
+
+    os.replace = die_after_last_safetensors
+    try:
+        train("fashion-mnist-quick", d / "run", overrides)
+    except Killed:
+        pass
+    finally:
+        os.replace = real_replace
+    state = d / "run" / "last.pth"
+    consistent = not state.exists() or torch.load(state, weights_only=True)["epoch"] == read_metadata(
+        d / "run" / "last.safetensors")["epoch"]
+    summary = train("fashion-mnist-quick", d / "run", overrides, resume=state.exists())
+    best = read_metadata(d / "run" / "best.safetensors")["epoch"]
+    ok = consistent and summary["selected_epoch"] == best and summary["epochs"] == 2
+    return ok, f"state written last; resumed run selects epoch {summary['selected_epoch']}, best file holds {best}"
+
+
+@case("M16 `dino.local_size=4096 dino.num_local=64`; 100,000 synthetic classes (confusion matrix)")
+def _(d: Path):
+    from resmlp.train.config import load_config
+
+    messages = []
+    for recipe, overrides in (("dino-fashion-mnist", {"dino.local_size": 4096, "dino.num_local": 64}),
+                              ("fashion-mnist-quick", {"data.kind": "synthetic", "data.synthetic_classes": 100_000})):
+        try:
+            load_config(recipe, overrides)
+        except ResmlpError as e:
+            messages.append(str(e).splitlines()[-1].strip()[:80])
+    return len(messages) == 2, " / ".join(messages)
+
+
+@case("M17 a symlink swapped in at OUT/tensorboard after the check")
+def _(d: Path):
+    from resmlp import reporting
+    from resmlp.fileio import held_subfolder
+
+    (d / "run").mkdir()
+    (d / "elsewhere").mkdir()
+
+    def racing(folder):
+        held = held_subfolder(folder)
+        (d / "run" / "tensorboard").rename(d / "run" / "moved")
+        (d / "run" / "tensorboard").symlink_to(d / "elsewhere")
+        return held
+
+    reporting.held_subfolder, original = racing, reporting.held_subfolder
+    try:
+        log = reporting.TensorBoardLog(d / "run" / "tensorboard")
+        log.log({"epoch": 1, "val_top1": 1.0})
+        log.close()
+    finally:
+        reporting.held_subfolder = original
+    return list((d / "elsewhere").iterdir()) == [], "the writer holds the checked folder open (/proc/self/fd)"
+
+
+@case("Also: `resmlp eval` without --output writes nothing beside the checkpoint; --output '' refused")
+def _(d: Path):
+    data = d / "data" / "val"
+    for cls in ("a", "b", "c"):
+        (data / cls).mkdir(parents=True)
+        an_image(data / cls / "x.png")
+    ckpt = saved_with_preprocess(d / "ckpt" / "m.safetensors")
+    rc, _ = cli("eval", str(ckpt), "--data", str(d / "data"), "--split", "val", "--no-progress")
+    refused_empty = clean_cli_failure(*cli("eval", str(ckpt), "--output", ""), "--output is empty")
+    ok = rc == 0 and [p.name for p in (d / "ckpt").iterdir()] == ["m.safetensors"] and refused_empty[0]
+    return ok, "no PNG beside the checkpoint; " + refused_empty[1]
+
+
+@case("Also: an uncompressed IDX file larger than the bound")
+def _(d: Path):
+    import importlib
+
+    fm = importlib.import_module("resmlp.data.fashion_mnist")
+    (d / "x-idx1-ubyte").write_bytes(bytes([0, 0, 8, 1]) + struct.pack(">I", 4096) + bytes(4096))
+    fm.MAX_IDX_BYTES, bound = 1024, fm.MAX_IDX_BYTES
+    try:
+        return refused(lambda: fm.read_idx(d / "x-idx1-ubyte"))
+    finally:
+        fm.MAX_IDX_BYTES = bound
+
+
+@case("Also: a fresh run clears the temporaries of a killed write")
+def _(d: Path):
+    from resmlp.train import train
+
+    (d / "run").mkdir()
+    (d / "run" / ".last.safetensors.abc123.tmp").write_bytes(b"half")
+    train("fashion-mnist-quick", d / "run", [a for a in TRAIN_TINY if a != "--set"] + ["train.compile=false"])
+    return not (d / "run" / ".last.safetensors.abc123.tmp").exists(), "removed under the run's lock"
+
+
 # ------------------------------------------------------------------------------------------ translation corpora
 def _corpus(root: Path, bad: dict[str, bytes]) -> Path:
     root.mkdir()

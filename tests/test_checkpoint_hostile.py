@@ -131,14 +131,18 @@ def test_a_torch_file_with_infinite_weights_is_refused_too(tmp_path):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("crop_pct", 0, r"crop_pct=0\.0 must be in \(0, 1\]"),
+    ("crop_pct", 0, r"crop_pct=0\.0 must be in \[0.1, 1\]"),
     ("crop_pct", 1.5, "crop_pct=1.5"),
     ("std", [0.5, 0.0, 0.5], "std=.* must be finite and > 0"),
     ("std", [0.5], "std=.* needs as many values as mean"),
     ("mean", [0.5, 0.5], "mean=.* needs 1, 3 or in_chans=3"),
-    ("mean", [float("nan")] * 3, "mean=.* must be finite"),
+    ("mean", [float("nan")] * 3, "mean=nan is not a finite number"),
     ("interpolation", "sinc", "interpolation='sinc' must be one of"),
-    ("img_size", "big", "malformed"),
+    ("img_size", "big", "img_size='big' is not an integer"),
+    ("img_size", 16.5, "img_size=16.5 is not an integer"),  # was truncated to 16
+    ("in_chans", True, "in_chans=True is not an integer"),
+    ("crop_pct", 1e-9, r"crop_pct=1e-09 must be in \[0.1, 1\]"),  # would resize images to 1.6e10 px
+    ("mean", "0.5", "malformed"),
 ])
 def test_preprocessing_metadata_is_validated_once_naming_the_field(field, value, message):
     model = _tiny_model()

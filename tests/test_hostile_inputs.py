@@ -186,3 +186,138 @@ def test_a_damaged_fashion_mnist_folder_is_one_line_on_the_command_line(tmp_path
     assert main(["eval-knn", str(ckpt), "--data", "fashion-mnist", "--data-dir", str(data)]) == 2
     err = capsys.readouterr().err
     assert "is not a readable gzip file" in err and "Traceback" not in err
+
+
+def test_an_uncompressed_idx_file_is_bounded_like_a_gzipped_one(tmp_path, monkeypatch):
+    import importlib
+
+    fm = importlib.import_module("resmlp.data.fashion_mnist")  # resmlp.data.fashion_mnist is also a function
+    path = _idx(tmp_path / "x-idx1-ubyte", bytes([0, 0, 8, 1]) + struct.pack(">I", 2000), bytes(2000), gz=False)
+    monkeypatch.setattr(fm, "MAX_IDX_BYTES", 1000)
+    with pytest.raises(DataError, match="x-idx1-ubyte holds more than 1000 bytes"):
+        read_idx(path)
+
+
+def test_an_idx_strip_of_images_is_refused_by_its_aspect_ratio(tmp_path):
+    """1 x 4,000 pixels per image: few pixels, but resized to the model's size a strip takes gigabytes."""
+    _idx(tmp_path / "train-images-idx3-ubyte", bytes([0, 0, 8, 3]) + struct.pack(">III", 1, 1, 4000),
+         bytes(4000), gz=False)
+    _idx(tmp_path / "train-labels-idx1-ubyte", bytes([0, 0, 8, 1]) + struct.pack(">I", 1), bytes(1), gz=False)
+    with pytest.raises(DataError, match=r"4000x1 pixels, a side ratio above 100:1"):
+        fashion_mnist("train", tmp_path)
+
+
+def test_a_fifo_named_like_an_image_is_never_opened(tmp_path):
+    """Opening a FIFO blocks until a writer comes: every reader checks the file type first."""
+    import os
+    from pathlib import Path
+
+    from resmlp.commands.predict import expand_inputs
+    from resmlp.data import SkippingImageFolder
+
+    (tmp_path / "cls").mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "cls" / "a.png")
+    os.mkfifo(tmp_path / "cls" / "x.png")
+    with pytest.raises(DataError, match="not a regular file"):
+        open_image(tmp_path / "cls" / "x.png")
+    assert [Path(p).name for p, _ in SkippingImageFolder(tmp_path).samples] == ["a.png"]
+    paths, errors = expand_inputs([str(tmp_path / "cls"), str(tmp_path / "cls" / "x.png"),
+                                   str(tmp_path / "**" / "*.png")])
+    assert [p.name for p in paths] == ["a.png"] and "not a regular file" in errors[0]["error"]
+
+
+def test_symlinks_to_parent_folders_make_no_loop(tmp_path):
+    """Two links to `..` in each folder: torchvision's walk and Python's recursive glob grow exponentially."""
+    import os
+
+    from resmlp.commands.predict import expand_inputs
+    from resmlp.data import SkippingImageFolder
+
+    (tmp_path / "data" / "cls" / "sub").mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "data" / "cls" / "sub" / "a.png")
+    for folder in (tmp_path / "data" / "cls", tmp_path / "data" / "cls" / "sub"):
+        os.symlink("..", folder / "up1")
+        os.symlink("..", folder / "up2")
+    assert len(SkippingImageFolder(tmp_path / "data").samples) == 1
+    paths, _ = expand_inputs([str(tmp_path / "data" / "**" / "*.png"), str(tmp_path / "data")])
+    assert [p.name for p in paths] == ["a.png"]
+
+
+def test_the_walk_is_bounded(tmp_path):
+    from resmlp.data.walk import expand_pattern
+
+    for i in range(20):
+        (tmp_path / f"f{i}.txt").write_text("x")
+    with pytest.raises(DataError, match="more than 10 entries"):
+        expand_pattern(str(tmp_path / "**" / "*.png"), max_entries=10)
+
+
+def test_glob_patterns_match_as_glob_does(tmp_path):
+    from resmlp.data.walk import expand_pattern
+
+    for rel in ("a.png", "b.jpg", "s/c.png", "s/t/d.png", "s/t/e.PNG"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    names = lambda pattern: sorted(p.relative_to(tmp_path).as_posix() for p in expand_pattern(str(tmp_path / pattern)))  # noqa: E731
+    assert names("**/*.png") == ["a.png", "s/c.png", "s/t/d.png"]
+    assert names("s/**/*.png") == ["s/c.png", "s/t/d.png"]
+    assert names("*.png") == ["a.png"]
+    assert names("s/*/[de].*") == ["s/t/d.png", "s/t/e.PNG"]
+
+
+def test_a_strip_image_is_refused_by_its_aspect_ratio_or_resized_size(tmp_path):
+    """A 1 x 20,000 PNG (few pixels) would be resized to 256 x 5,120,000 by a 224-px model's evaluation."""
+    from resmlp.preprocess import Preprocess
+
+    strip = tmp_path / "strip.png"
+    Image.fromarray(np.zeros((1, 20000, 3), np.uint8)).save(strip)
+    with pytest.raises(DataError, match="strip.png is 20000x1 pixels, a side ratio above 100:1"):
+        open_image(strip)
+    wide = tmp_path / "wide.png"  # 90:1, a ratio open_image allows
+    Image.fromarray(np.zeros((10, 900, 3), np.uint8)).save(wide)
+    pre = Preprocess(2048, 3, (0.5,) * 3, (0.5,) * 3, crop_pct=0.5)
+    with pytest.raises(DataError, match=r"wide.png: a 900x10-pixel image resized to a shorter side of 4096"):
+        pre.load(wide)
+
+
+def test_any_decoder_error_is_a_data_error_naming_the_file(tmp_path, monkeypatch):
+    """PIL's AVIF decoder raises RuntimeError('Failed to decode frame 0') for a damaged file."""
+    from PIL import ImageFile
+
+    path = tmp_path / "x.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(path)
+
+    def broken_decoder(self):
+        raise RuntimeError("Failed to decode frame 0")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", broken_decoder)
+    with pytest.raises(DataError, match="cannot read image .*x.png: RuntimeError: Failed to decode frame 0"):
+        open_image(path)
+
+
+def test_a_batch_of_only_unreadable_images_is_one_line_even_from_a_worker():
+    """The DataLoader re-raises a worker's error with the worker's traceback as its text: the message is its
+    last line."""
+    from torch.utils.data import DataLoader
+
+    from resmlp.data import collate_skipping
+    from resmlp.errors import user_message
+
+    loader = DataLoader([None, None], batch_size=2, num_workers=1, collate_fn=collate_skipping)
+    with pytest.raises(DataError) as caught:
+        next(iter(loader))
+    assert "Original Traceback" in str(caught.value)
+    assert user_message(caught.value) == ("every image of a batch (2) was unreadable (see the warnings above); "
+                                          "check the dataset files")
+
+
+def test_an_image_folder_lists_its_samples_in_torchvisions_order(tmp_path):
+    """Sample order decides the validation split carved from a folder: the bounded walk keeps ImageFolder's."""
+    from torchvision.datasets import ImageFolder
+
+    from resmlp.data import SkippingImageFolder
+
+    for rel in ("a/x.png", "a/b/y.png", "a/b-c/z.png", "a/b/d/w.png", "b/q.png", "b/A.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / rel)
+    assert SkippingImageFolder(tmp_path).samples == ImageFolder(str(tmp_path)).samples

@@ -168,3 +168,38 @@ def test_finished_files_get_the_usual_permissions_even_from_safetensors(tmp_path
     path = resmlp.save(create_model("resmlp_s12", img_size=16, patch_size=8, dim=8, depth=1),
                        tmp_path / "m.safetensors")
     assert path.stat().st_mode & 0o777 == 0o666 & ~fileio._UMASK  # 0644 under umask 022, not mkstemp's 0600
+
+
+WRITE_UNDER_A_SIZE_LIMIT = """
+import resource, sys
+import torch
+import resmlp
+from resmlp.errors import user_message
+from resmlp.export import export_torchscript
+from resmlp.fileio import atomic_write
+
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
+model = resmlp.create_model("resmlp_s12", img_size=32, patch_size=8, dim=64, depth=2, num_classes=10)
+for write in (lambda: atomic_write(sys.argv[1] + "/state.pth", lambda tmp: torch.save(model.state_dict(), tmp)),
+              lambda: export_torchscript(model, sys.argv[1] + "/model.pt")):
+    try:
+        write()
+    except Exception as e:
+        print(user_message(e))
+"""
+
+
+def test_a_file_size_limit_is_one_line_for_torch_save_and_torchscript(tmp_path):
+    """`ulimit -f`: torch.save failed with 'unexpected pos' (a traceback) and torch.jit.save aborted the process
+    (exit 134); both are now one line naming the file, no temporary left behind."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", WRITE_UNDER_A_SIZE_LIMIT, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and all("the file would exceed the largest file" in line for line in lines), lines
+    assert "state.pth" in lines[0] and "model.pt" in lines[1]
+    assert list(tmp_path.iterdir()) == []

@@ -28,6 +28,42 @@ def test_a_planted_tensorboard_symlink_is_refused_and_nothing_is_written_through
     assert list(elsewhere.iterdir()) == []
 
 
+def _swap_in_a_symlink(folder, target):
+    """What a racing attacker does: move the checked folder away and put a symlink at its name."""
+    folder.rename(folder.with_name("moved"))
+    folder.symlink_to(target)
+
+
+@pytest.mark.parametrize("swapped", ["after the check", "after the open"])
+def test_a_symlink_swapped_in_while_tensorboard_starts_redirects_nothing(tmp_path, monkeypatch, swapped):
+    """The check and TensorBoard's open by path raced: a symlink swapped in between sent event files outside
+    the run folder (4 of 12 tries). The folder is now held open and TensorBoard given a path to it."""
+    from resmlp import fileio, reporting
+
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    real = fileio.guarded_subfolder if swapped == "after the check" else fileio.held_subfolder
+    module = fileio if swapped == "after the check" else reporting
+    name = "guarded_subfolder" if swapped == "after the check" else "held_subfolder"
+
+    def racing(folder):
+        result = real(folder)
+        _swap_in_a_symlink(run / "tensorboard", elsewhere)
+        return result
+
+    monkeypatch.setattr(module, name, racing)
+    try:
+        log = TensorBoardLog(run / "tensorboard")
+    except OutputError as e:
+        assert swapped == "after the check" and "was replaced while the run started" in str(e)
+    else:
+        log.log({"epoch": 1, "val_top1": 50.0})
+        log.close()
+        assert [p.name.startswith("events.out") for p in (run / "moved").iterdir()] == [True]
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_the_guarded_subfolder_is_made_when_missing_and_refuses_a_file(tmp_path):
     assert guarded_subfolder(tmp_path / "run" / "tensorboard").is_dir()
     (tmp_path / "run" / "plots").write_text("a file")

@@ -70,6 +70,27 @@ def test_a_cifar_batch_of_the_wrong_shape_is_a_data_error(tmp_path):
         build_dataset("cifar10", "test", root, in_chans=3)
 
 
+@pytest.mark.parametrize("labels, message", [
+    ([0.0, 1.5], "label 0.0 is not an integer"),  # float labels were truncated into classes and scored
+    ([0, 10], r"label 10 is outside \[0, 10\)"), ([-1, 0], "label -1 is outside"),
+    ([2**70, 0], "not an integer class index|not integer class"), ([None, 0], "label None is not"),
+    ([True, 0], "label True is not"), ([0], "expected a list of 2 labels"), (np.array([0.5, 1.0]), "float64"),
+])
+def test_cifar_labels_are_integers_in_range_one_per_image(tmp_path, labels, message):
+    names = {b"label_names": [b"a"] * 10}
+    root = _cifar10_folder(tmp_path, names, {b"data": np.zeros((2, 3072), np.uint8), b"labels": labels})
+    with pytest.raises(DataError, match=message):
+        build_dataset("cifar10", "test", root, in_chans=3)
+
+
+def test_cifar_data_must_be_an_array_not_a_list_repeating_one_row(tmp_path):
+    """A list naming one row N times is a few bytes per image in the file, N full rows once converted."""
+    row = list(range(256)) * 12
+    root = _cifar10_folder(tmp_path, {b"label_names": [b"a"] * 10}, {b"data": [row] * 3, b"labels": [0, 0, 0]})
+    with pytest.raises(DataError, match="expected a uint8 array of shape \\(N, 3072\\), got list"):
+        build_dataset("cifar10", "test", root, in_chans=3)
+
+
 def test_a_payload_in_a_torch_checkpoint_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "state.pt"

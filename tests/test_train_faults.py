@@ -86,3 +86,79 @@ def test_weights_broken_by_the_last_step_stop_the_run_before_they_are_saved(tmp_
     with pytest.raises(NonFiniteLossError, match="weights became NaN"):
         train(cfg, tmp_path / "run", task=BreakTheWeights(cfg))
     assert not (tmp_path / "run" / "best.safetensors").exists()
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs (not an Exception: no handler of the run catches it)."""
+
+
+END_OF_EPOCH_WRITES = ("last.safetensors", "best.safetensors", "metrics.csv", "learning_curves.png", "last.pth")
+
+
+def _epoch_of(path) -> int:
+    from resmlp.checkpoint import read_metadata
+
+    return read_metadata(path)["epoch"]
+
+
+@pytest.mark.parametrize("killed_after", range(len(END_OF_EPOCH_WRITES)))
+def test_a_kill_between_two_end_of_epoch_writes_resumes_into_files_of_the_right_epochs(
+        tmp_path, monkeypatch, killed_after):
+    """The state file is written last, vouching for every file before it: killed after any one write of the
+    first epoch's end, the files the state names hold its epochs, and the resumed run ends as an
+    uninterrupted one (same weights, same selected epoch, one metrics row per epoch)."""
+    import os
+
+    from safetensors.torch import load_file
+
+    reference = train("fashion-mnist-quick", tmp_path / "ref", TINY)
+    out = tmp_path / "run"
+    real_replace, written = os.replace, []
+
+    def replace_then_maybe_die(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if os.path.basename(dst) in END_OF_EPOCH_WRITES:
+            written.append(os.path.basename(dst))
+            if len(written) == killed_after + 1:
+                raise _Killed
+
+    monkeypatch.setattr(os, "replace", replace_then_maybe_die)
+    with pytest.raises(_Killed):
+        train("fashion-mnist-quick", out, TINY)
+    monkeypatch.undo()
+    assert written[-1] == END_OF_EPOCH_WRITES[killed_after]
+    if (out / "last.pth").exists():  # what the state vouches for is on disk
+        state = torch.load(out / "last.pth", weights_only=True)
+        assert _epoch_of(out / "last.safetensors") == state["epoch"]
+        assert _epoch_of(out / "best.safetensors") == state["best_epoch"]
+    summary = train("fashion-mnist-quick", out, TINY, resume=(out / "last.pth").exists())
+    assert summary["selected_epoch"] == reference["selected_epoch"] == _epoch_of(out / "best.safetensors")
+    assert _epoch_of(out / "last.safetensors") == summary["epochs"] == 2
+    assert len((out / "metrics.csv").read_text().splitlines()) == 3
+    final, expected = load_file(out / "last.safetensors"), load_file(tmp_path / "ref" / "last.safetensors")
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_a_fresh_run_clears_the_temporaries_of_a_killed_one(tmp_path):
+    """A run killed during its first checkpoint write leaves a temporary and no state: the next (new) run in that
+    folder clears it, as a resume does."""
+    out = tmp_path / "run"
+    out.mkdir()
+    stale = out / ".last.safetensors.x1y2z3.tmp"
+    stale.write_bytes(b"half a file")
+    train("fashion-mnist-quick", out, {**TINY, "schedule.epochs": 1})
+    assert not stale.exists()
+
+
+@pytest.mark.parametrize("change", [{"epoch": "1"}, {"global_step": 2.0}, {"model": [1]}, {"history": None},
+                                    {"model": {3: torch.ones(1)}}])
+def test_a_damaged_state_file_is_one_line_not_a_traceback_deep_in_resume(tmp_path, change):
+    from resmlp.errors import CheckpointError
+    from resmlp.train.state import load_state
+
+    out = tmp_path / "run"
+    train("fashion-mnist-quick", out, {**TINY, "schedule.epochs": 1})
+    state = torch.load(out / "last.pth", weights_only=True)
+    torch.save({**state, **change}, out / "last.pth")
+    with pytest.raises(CheckpointError, match="last.pth"):
+        load_state(out / "last.pth")

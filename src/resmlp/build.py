@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from resmlp.errors import ConfigError
 from resmlp.models.torchvision_models import RepeatChannels
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
@@ -107,7 +108,7 @@ def build_model_for_input(spec: str | ModelName, **kwargs: Any) -> nn.Module:
     if name.kind == "timm" and "img_size" in kwargs:
         try:
             return build_model(name, **kwargs)
-        except TypeError:  # "unexpected keyword argument 'img_size'": a convnet
+        except (TypeError, ConfigError):  # "unexpected keyword argument 'img_size'": a convnet
             pass
     return build_model(name, **{k: v for k, v in kwargs.items() if k != "img_size" or name.kind == "preset"})
 
@@ -137,15 +138,31 @@ def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans:
 
         if not timm.is_model(name.name):
             raise ValueError(f"timm has no model {name.name!r} (see timm.list_models())")
-        model = timm.create_model(name.name, pretrained=False, **sizes, **overrides)
+        model = _construct(name, overrides, lambda: timm.create_model(name.name, pretrained=False, **sizes,
+                                                                      **overrides))
     else:
         from resmlp.models.torchvision_models import build_torchvision
 
-        model = build_torchvision(name.name, in_chans, **overrides,
-                                  **({"num_classes": num_classes} if num_classes is not None else {}))
+        nc = {"num_classes": num_classes} if num_classes is not None else {}
+        model = _construct(name, overrides, lambda: build_torchvision(name.name, in_chans, **overrides, **nc))
     if weights is not None:  # the classifier's own weights, inside a grayscale wrapper
         load_weights_file(model.model if isinstance(model, RepeatChannels) else model, weights, str(name))
     return model
+
+
+def _construct(name: ModelName, overrides: dict[str, Any], make) -> nn.Module:
+    """`make()`, with a constructor's refusal of its arguments (TypeError, ValueError, AssertionError...) as a
+    ConfigError naming the model and the model.* keys given: they are what the user can change."""
+    from resmlp.errors import ConfigError
+
+    try:
+        return make()
+    except MemoryError:
+        raise
+    except Exception as e:  # timm's and torchvision's constructors raise whatever their code raises
+        keys = ", ".join(f"model.{k}={v!r}" for k, v in overrides.items()) or "no model.* keys"
+        raise ConfigError(f"{name} can't be built with {keys} ({type(e).__name__}: {e}); fix or remove those "
+                          "keys") from None
 
 
 def model_input(spec: str | ModelName, overrides: dict[str, Any] | None = None) -> tuple[int, int]:
@@ -172,11 +189,16 @@ def _file_config(path: str):
     from the model built from the file (timm's and DeiT's files); None for a timm or torchvision model's file."""
     if path.endswith(".safetensors"):
         from resmlp.checkpoint import read_header
+        from resmlp.errors import CheckpointError
         from resmlp.models.resmlp import ResMLPConfig
 
         header = read_header(path)
         if "config" in header:
-            return ResMLPConfig.from_dict(header["config"])
+            try:
+                return ResMLPConfig.from_dict(header["config"])
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"{path}: the model config in its metadata is invalid ({e}); re-save the "
+                                      "file") from None
         if "timm" in header or "torchvision" in header:
             return None
     return getattr(build_model(ModelName("file", path)), "config", None)
@@ -198,17 +220,19 @@ def _trained_input(path: str) -> tuple[int, int]:
 def load_weights_file(model: nn.Module, path: str | Path, what: str) -> nn.Module:
     """Fill `model` from a state-dict file (safetensors, or a torch file read weights-only, flat or under
     'model'/'state_dict'); a message when the file doesn't fit."""
-    from resmlp.checkpoint import torch_load
+    from resmlp.checkpoint_reader import check_state_dict, read_safetensors, read_torch_file
+    from resmlp.errors import CheckpointError
 
     if str(path).endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        state = load_file(path)
+        state = read_safetensors(path)[1]
     else:
-        state = torch_load(path)
+        state = read_torch_file(path)
         for key in ("model", "state_dict"):  # common wrappers of training scripts
             if isinstance(state, dict) and isinstance(state.get(key), dict):
                 state = state[key]
+    if not isinstance(state, dict):
+        raise CheckpointError(f"weights {path} hold a {type(state).__name__}, not a state dict")
+    check_state_dict(state, path)  # names, dense tensors, dtypes, finite values
     try:
         model.load_state_dict(state)
     except RuntimeError as e:

@@ -7,20 +7,23 @@ converted) in `resmlp.models.formats`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import pickle
 import socket
-import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
+from resmlp.checkpoint_reader import (
+    check_float,
+    check_str,
+    decode_metadata,
+    read_safetensors_header,
+    read_state_dict,
+    read_torch_file,
+)
 from resmlp.fileio import atomic_write  # noqa: F401 (moved to resmlp.fileio; importable here as before)
 from resmlp.models.formats import (  # noqa: F401 (the key maps are part of this module's API)
     FORMATS,
@@ -38,114 +41,18 @@ class WeightsUnavailableError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------ files
-def torch_load(path: str | Path) -> Any:
-    """torch.load with weights_only=True and errors that explain what is wrong with the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        # DeiT's training checkpoints carry an argparse.Namespace of their arguments: plain data
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(
-            f"refusing to load {path}: it needs code to unpickle ({str(e).splitlines()[0][:200]}), and "
-            "untrusted checkpoints must never run code. If you trust its source, re-save only its tensors "
-            "(torch.save(state_dict, ...)) or convert it to safetensors"
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
-        raise CheckpointError(f"{path} is truncated or not a PyTorch checkpoint ({e}); re-download or "
-                              "re-save it") from None
+# the one reader of checkpoint files is resmlp.checkpoint_reader; these names are this module's API
+torch_load = read_torch_file
 
 
 def read_checkpoint(path: str | Path, allow_nonfinite: bool = False
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Tensors of a checkpoint file (.safetensors, or a torch pickle read weights-only) and its metadata.
+    """Tensors of a checkpoint file (.safetensors, or a torch zip read weights-only) and its metadata.
 
-    Refuses (CheckpointError) malformed metadata and NaN/infinite values, naming the first bad tensor;
-    `allow_nonfinite=True` only warns about them.
+    Refuses (CheckpointError) malformed files, tensors and metadata and NaN/infinite values, naming the
+    first bad tensor; `allow_nonfinite=True` only warns about them (see resmlp.checkpoint_reader).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.suffix == ".safetensors":
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                raw_meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
-        except Exception as e:  # safetensors raises its own error types for bad headers and short files
-            raise _unreadable(path, e) from None
-        meta = _decode_metadata(raw_meta, path)
-    else:
-        tensors = unwrap_state_dict(torch_load(path))
-        if tensors is None:
-            raise CheckpointError(f"{path} holds no state dict (a dict of tensors, flat or under one of "
-                                  "'state_dict_ema', 'model_ema', 'state_dict', 'model', 'teacher', 'student')")
-        meta = {}
-    _check_dtypes(tensors, path)
-    _check_finite(tensors, path, allow_nonfinite)
-    return tensors, meta
-
-
-def _unreadable(path: Path, error: Exception) -> CheckpointError:
-    return CheckpointError(f"{path} is not a readable safetensors file ({error}); it may be truncated or of "
-                           "another format: re-download or re-save it")
-
-
-# dtypes a network's weights and buffers come in; anything else (complex, bool, quantized, unsigned 16-64
-# bit) would be cast silently into float weights or fail deep inside load_state_dict
-_WEIGHT_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-                  torch.int16, torch.int8, torch.uint8}
-_FLOAT8 = {d for d in (getattr(torch, n, None) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                                                          "float8_e5m2fnuz")) if d is not None}
-
-
-def _check_dtypes(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Every tensor of a dtype that weights have; float8 (a storage format torch reads) is accepted as such."""
-    for name, tensor in tensors.items():
-        if tensor.dtype not in _WEIGHT_DTYPES and tensor.dtype not in _FLOAT8:
-            raise CheckpointError(f"{path}: tensor {name!r} is of dtype {str(tensor.dtype).removeprefix('torch.')}, "
-                                  "which no weight of these models has; re-save the file with float weights")
-
-
-def _check_finite(tensors: dict[str, torch.Tensor], path: Path, allow_nonfinite: bool) -> None:
-    """NaN or infinite weights make every prediction meaningless (a score of chance, silently)."""
-    for name, tensor in tensors.items():
-        if tensor.dtype in _FLOAT8:  # torch has no isfinite for float8: check its float32 values
-            tensor = tensor.float()
-        if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
-            continue
-        bad = int((~torch.isfinite(tensor)).sum())
-        message = (f"{path}: tensor {name!r} holds {bad} NaN/infinite value(s) of {tensor.numel()}; the weights "
-                   "are broken (a diverged run?): use an earlier checkpoint")
-        if not allow_nonfinite:
-            raise CheckpointError(message + " (allow_nonfinite=True loads them anyway, with a warning)")
-        warnings.warn(message, stacklevel=3)
-        return
-
-
-def _decode_metadata(raw: dict[str, str], path: Path | str = "checkpoint") -> dict[str, Any]:
-    """The JSON entries of a safetensors header, checked for the shapes this project writes."""
-    meta: dict[str, Any] = {}
-    for key in ("config", "timm", "torchvision", "extra"):
-        if key in raw:
-            try:
-                meta[key] = json.loads(raw[key])
-            except json.JSONDecodeError as e:
-                raise CheckpointError(f"{path}: metadata {key!r} is not valid JSON ({e})") from None
-            except RecursionError:  # json's decoder recurses once per level of nesting
-                raise CheckpointError(f"{path}: metadata {key!r} is nested thousands of levels deep; this "
-                                      "project writes a few levels: the file was made or edited by hand") from None
-            if not isinstance(meta[key], dict):
-                raise CheckpointError(f"{path}: metadata {key!r} must be a JSON object, not "
-                                      f"{type(meta[key]).__name__} ({raw[key][:80]!r}); re-save the file")
-    spec = meta.get("timm")
-    if spec is not None:
-        spec.setdefault("kwargs", {})
-        if not isinstance(spec.get("name"), str) or not isinstance(spec["kwargs"], dict):
-            raise CheckpointError(f"{path}: metadata 'timm' must be {{\"name\": str, \"kwargs\": {{...}}}}, got "
-                                  f"{raw['timm'][:120]!r}")
-    return meta
+    return read_state_dict(path, allow_nonfinite)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -161,23 +68,25 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
 def read_header(path: str | Path) -> dict[str, Any]:
     """The decoded metadata ('config', 'timm', 'extra') of a .safetensors file, from its header alone."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            raw_meta = f.metadata() or {}
-    except Exception as e:  # safetensors raises its own error types for bad headers and short files
-        raise _unreadable(path, e) from None
-    return _decode_metadata(raw_meta, path)
+    return decode_metadata(read_safetensors_header(path), path)
 
 
 # ------------------------------------------------------------------------------------------ configs
 def infer_config(state_dict: dict[str, torch.Tensor], **overrides: Any) -> ResMLPConfig:
     """Read the architecture off a state dict in this project's names (for files without a config)."""
-    sd = state_dict
-    if "stem.proj.weight" not in sd:
+    if "stem.proj.weight" not in state_dict:
         raise CheckpointError("cannot infer the architecture: the state dict has no stem.proj.weight")
+    try:
+        values = _architecture_of(state_dict, overrides)
+    except CheckpointError:
+        raise
+    except (KeyError, ValueError, IndexError) as e:  # a tensor missing or of another rank: not a whole trunk
+        raise CheckpointError(f"cannot infer the architecture: the state dict is not a whole ResMLP/Mixer trunk "
+                              f"({type(e).__name__}: {e})") from None
+    return ResMLPConfig.from_dict({**values, **overrides})
+
+
+def _architecture_of(sd: dict[str, torch.Tensor], overrides: dict[str, Any]) -> dict[str, Any]:
     dim, in_chans, patch, _ = sd["stem.proj.weight"].shape
     depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
     b0 = "blocks.0."
@@ -216,7 +125,7 @@ def infer_config(state_dict: dict[str, torch.Tensor], **overrides: Any) -> ResML
     values["pooling"] = "class_mlp" if "class_mlp.cls_token" in sd else "avg"
     values["pos_embed"] = "pos_embed" in sd
     values["num_classes"] = sd["head.weight"].shape[0] if "head.weight" in sd else 0
-    return ResMLPConfig.from_dict({**values, **overrides})
+    return values
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -344,13 +253,15 @@ def describe_checkpoint(model: ResMLP, metadata: dict[str, Any]) -> dict[str, An
     preprocessing (mean, std, crop, interpolation) stored in the file's metadata where there is one."""
     cfg = dict(model.pretrained_cfg)
     pre = metadata.get("preprocess")
+    where = "checkpoint preprocess metadata"
     if isinstance(pre, dict):
         for key in ("mean", "std"):
             if isinstance(pre.get(key), (list, tuple)):
-                cfg[key] = tuple(float(v) for v in pre[key])
-        for key, kind in (("crop_pct", float), ("interpolation", str)):
-            if key in pre:
-                cfg[key] = kind(pre[key])
+                cfg[key] = tuple(check_float(v, key, where, -1e6, 1e6) for v in pre[key])
+        if "crop_pct" in pre:
+            cfg["crop_pct"] = check_float(pre["crop_pct"], "crop_pct", where, 0.1, 1.0)
+        if "interpolation" in pre:
+            cfg["interpolation"] = check_str(pre["interpolation"], "interpolation", where)
     if isinstance(metadata.get("class_names"), list):
         cfg["label_names"] = [str(n) for n in metadata["class_names"]]
     return cfg

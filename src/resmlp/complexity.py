@@ -57,3 +57,21 @@ def training_memory_bytes(config: ResMLPConfig, batch_size: int) -> int:
     activations = batch_size * config.depth * tokens * (2 * dim + hidden)
     return 4 * 3 * params + 2 * activations
 
+
+
+def evaluation_memory_bytes(num_classes: int) -> int:
+    """The confusion matrix an evaluation sums (resmlp.evaluation.classify): int64 on the device, a float64 copy
+    packed for the all-reduce, its host read as a Python list (about 32 bytes a value) and the int64 array."""
+    return num_classes**2 * (8 + 8 + 32 + 8)
+
+
+def dino_memory_bytes(dim: int, out_dim: int, hidden_dim: int, bottleneck_dim: int, crops: int, crop_size: int,
+                      batch_size: int) -> int:
+    """A lower estimate of what DINO adds to a training step (resmlp.train.dino), in fp32: the head's weights in
+    the student and the teacher, the student's gradients and two optimizer moments, and the weight-normalised
+    last layer's weight and its gradient (7 copies); per crop and image, the student's outputs, their
+    log-softmax and both gradients, the teacher's outputs and softmax (6 copies); the crops as images."""
+    head = dim * hidden_dim + hidden_dim * hidden_dim + hidden_dim * bottleneck_dim + bottleneck_dim * out_dim
+    outputs = 6 * batch_size * crops * out_dim
+    images = batch_size * crops * 3 * crop_size**2
+    return 4 * (7 * head + outputs + images)

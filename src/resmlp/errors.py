@@ -42,6 +42,8 @@ class OutputError(ResmlpError, OSError):
 _OS_ADVICE = {
     errno.ENOSPC: "the disk is full; free space or write elsewhere",
     errno.EDQUOT: "the disk quota is exhausted; free space or write elsewhere",
+    errno.EFBIG: "the file would exceed the largest file this process may write (ulimit -f, or the file system's "
+                 "limit); raise the limit or write elsewhere",
     errno.EACCES: "permission denied; choose a path you can write/read",
     errno.EPERM: "operation not permitted; choose another path",
     errno.EROFS: "read-only file system; write elsewhere",
@@ -66,7 +68,7 @@ def user_message(exc: BaseException) -> str | None:
     import yaml
 
     if isinstance(exc, (ResmlpError, ValueError)):
-        return str(exc) or type(exc).__name__
+        return _worker_message(str(exc)) or type(exc).__name__
     if isinstance(exc, yaml.YAMLError):
         return f"invalid YAML: {_one_line(str(exc))}"
     if _is_pil_refusal(exc):
@@ -127,6 +129,15 @@ def _raised_here(exc: BaseException) -> bool:
         return False
     last = frames[-1]
     return Path(last.filename).resolve().is_relative_to(_PACKAGE_DIR) and (last.line or "").startswith("raise")
+
+
+def _worker_message(text: str) -> str:
+    """The error's own message when a DataLoader worker raised it: torch re-raises it in the main process with the
+    worker's traceback as its text ("Caught DataError in DataLoader worker process 0. Original Traceback ...")."""
+    if not text.startswith("Caught ") or "Original Traceback" not in text:
+        return text
+    last = text.rstrip().splitlines()[-1]
+    return re.sub(r"^[\w.]+: ", "", last)
 
 
 def _one_line(text: str) -> str:

@@ -7,7 +7,7 @@ it for a checkpoint (or a run folder) with the checkpoint's own preprocessing, d
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from resmlp.runtime import (
     DistInfo,
     all_reduce_sum,
     autocast,
+    check_device_name,
     is_accelerator,
     precision_name,
     resolve_amp,
@@ -104,19 +105,22 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Path | None = None,
              split: str | None = None, output: str | Path | None = None, batch_size: int = EVAL_BATCH_SIZE,
              num_workers: int = 2,
-             device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False) -> dict[str, Any]:
+             device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False,
+             announce: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
 
     data: a dataset kind (fashion-mnist, folder, cifar10, cifar100, synthetic) or a folder path (then
     `folder`, reading DIR/<split>/<class>/ images); None: the dataset the checkpoint was trained on. split:
     train, val or test; None: test where the dataset has one, else val (resmlp.data.heldout_split). With
-    `output`, writes OUTPUT/summary.json (keys as a training run's) and OUTPUT/confusion_matrix.png (next to
-    the checkpoint without `output`; none with plot=False).
+    `output`, writes OUTPUT/summary.json (keys as a training run's) and OUTPUT/confusion_matrix.png (none with
+    plot=False); without it, no file. `announce(summary)` is called before any file is written, so a score
+    is shown even when the output folder can't be written.
     """
     from resmlp import reporting
     from resmlp.hostinfo import host_info
     from resmlp.inference import load_for_inference
 
+    check_device_name(device)
     checkpoint = resolve_checkpoint(checkpoint)
     loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
     options: dict[str, Any] = {}
@@ -165,11 +169,12 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                    loss=result["loss"], images=result["images"], skipped_images=result["skipped"],
                    dataset=data, split=split, per_class_top1=per_class, precision=precision_name(precision),
                    device=str(torch_device), batch_size=batch_size, host=host_info(precision))
-    if plot:  # next to the checkpoint unless an output folder is given
-        png = (Path(output) / "confusion_matrix.png" if output is not None
-               else checkpoint.with_name(f"{checkpoint.stem}_confusion_{data}_{split}.png"))
-        summary["confusion_matrix"] = str(reporting.plot_confusion_matrix(png, confusion, names).resolve())
-    if output is not None:
+    if announce is not None:
+        announce(summary)
+    if output is not None:  # only where asked: never beside the checkpoint, whose folder may be read-only
+        if plot:
+            png = reporting.plot_confusion_matrix(Path(output) / "confusion_matrix.png", confusion, names)
+            summary["confusion_matrix"] = str(png.resolve())
         reporting.write_json(Path(output) / "summary.json", summary)
     return summary
 
@@ -178,15 +183,23 @@ def _run_data(checkpoint: Path) -> tuple[str | None, str | None, dict[str, Any]]
     """(kind, folder, options) of the run whose config.json sits next to `checkpoint` (a run's image folder,
     generated data and pixel permutation are in its config, not in the checkpoint): `options` are
     build_dataset's arguments that make the run's own splits; (None, None, {}) outside a run."""
-    import json
+    from resmlp.errors import ConfigError
+    from resmlp.fileio import read_json_object
 
     config = checkpoint.parent / "config.json"
-    run = json.loads(config.read_text()) if config.is_file() else {}
-    data = run.get("data", {})
+    run = read_json_object(config, "run config") if config.is_file() else {}
+    data, train = run.get("data", {}), run.get("train", {})
+    if not isinstance(data, dict) or not isinstance(train, dict):
+        raise ConfigError(f"run config {config}: data and train must be objects; restore the file or pass --data "
+                          "(and --data-dir)")
+    kind, folder = data.get("kind"), data.get("dir")
+    if not all(v is None or isinstance(v, str) for v in (kind, folder)):
+        raise ConfigError(f"run config {config}: data.kind and data.dir must be strings, got {kind!r} and {folder!r}"
+                          "; restore the file or pass --data (and --data-dir)")
     options = {key: data[key] for key in ("synthetic_classes", "permute", "permute_patch", "permute_seed")
                if key in data}
     if "synthetic_size" in data:
         options["synthetic_size"] = tuple(data["synthetic_size"])
-    if "seed" in run.get("train", {}):
-        options["seed"] = run["train"]["seed"]
-    return data.get("kind"), data.get("dir"), options
+    if "seed" in train:
+        options["seed"] = train["seed"]
+    return kind, folder, options

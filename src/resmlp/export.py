@@ -6,6 +6,7 @@ layout), so other runtimes get the same single-product cross-patch layer as PyTo
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 from pathlib import Path
@@ -84,7 +85,12 @@ def export_torchscript(model: ResMLP, path: str | Path) -> Path:
         # stacks load; its deprecation and tracer warnings (about the Python-side input checks) are noise
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.jit.save(torch.jit.trace(fast, _example_input(model), check_trace=False), str(tmp))
+            traced = torch.jit.trace(fast, _example_input(model), check_trace=False)
+        # into memory first, then written by Python: torch.jit.save to a path aborts the process (a C++ exception
+        # in a destructor) when the disk fills; Python's write raises OSError(ENOSPC), which atomic_write names
+        buffer = io.BytesIO()
+        torch.jit.save(traced, buffer)
+        tmp.write_bytes(buffer.getbuffer())
 
     return atomic_write(path, write)
 

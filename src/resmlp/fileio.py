@@ -10,7 +10,7 @@
 - `RunLock` makes an output folder belong to one run at a time; `output_lock` is the one every command that
   writes into a folder takes (nothing when no folder is given).
 - `guarded_subfolder` makes a folder inside an output folder, never through a symlink planted there: every
-  write of a run stays inside its folder.
+  write of a run stays inside its folder; `held_subfolder` also opens it, for writers that take a path.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         try:
             write(tmp)
         except Exception as e:
-            raise _as_disk_error(e, path) from e
+            raise _as_disk_error(e, path, tmp) from e
         _finish(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -91,30 +91,45 @@ def _finish(tmp: Path) -> None:
 
 
 _OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors) quote errno
-_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 LOW_SPACE_BYTES = 1 << 20
+NEAR_SIZE_LIMIT_BYTES = 64 << 20  # torch.save's last write before the failure may be this far below the limit
 
 
-def _as_disk_error(exc: Exception, path: Path) -> Exception:
-    """A writer's failure as OSError(ENOSPC/EDQUOT, path) when the disk ran out, else unchanged.
+def _as_disk_error(exc: Exception, path: Path, tmp: Path | None = None) -> Exception:
+    """A writer's failure as OSError(ENOSPC/EDQUOT/EFBIG, path) when the disk, the quota or the file size limit
+    ran out, else unchanged.
 
-    Writers report a full disk in their own ways: an OSError (Python), "(os error 28)" inside a
-    SafetensorError, or no reason at all (torch.save: "unexpected pos"); for the last, a folder with less
-    than LOW_SPACE_BYTES left after the failure counts as full.
+    Writers report these in their own ways: an OSError (Python), "(os error 28)" inside a SafetensorError, or no
+    reason at all (torch.save: "unexpected pos"); for the last, a folder with less than LOW_SPACE_BYTES left
+    after the failure counts as full, and a temporary within NEAR_SIZE_LIMIT_BYTES of the process's file size
+    limit (`ulimit -f`; Python ignores SIGXFSZ, so the write fails instead) as too large.
     """
     if isinstance(exc, OSError):
         return exc if exc.errno not in _DISK_ERRNOS or exc.filename else type(exc)(exc.errno, exc.strerror, str(path))
     found = _OS_ERROR_CODE.search(str(exc))
     code = int(found.group(1)) if found else None
     if code is None:
-        try:
-            stats = os.statvfs(path.parent)
-            code = errno.ENOSPC if stats.f_bavail * stats.f_frsize < LOW_SPACE_BYTES else None
-        except OSError:
-            code = None
+        code = _reasonless_failure_code(path, tmp)
     if code not in _DISK_ERRNOS:
         return exc
     return OSError(code, os.strerror(code), str(path))
+
+
+def _reasonless_failure_code(path: Path, tmp: Path | None) -> int | None:
+    import resource
+
+    try:
+        stats = os.statvfs(path.parent)
+        if stats.f_bavail * stats.f_frsize < LOW_SPACE_BYTES:
+            return errno.ENOSPC
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if tmp is not None and limit != resource.RLIM_INFINITY \
+                and os.stat(tmp).st_size + NEAR_SIZE_LIMIT_BYTES >= limit:
+            return errno.EFBIG
+    except OSError:
+        return None
+    return None
 
 
 def guarded_subfolder(folder: str | Path) -> Path:
@@ -129,6 +144,21 @@ def guarded_subfolder(folder: str | Path) -> Path:
         raise OutputError(f"{folder} is {what}; a run writes only inside its output folder: remove it or choose "
                           "another output folder")
     return folder
+
+
+def held_subfolder(folder: str | Path) -> tuple[int, Path]:
+    """`guarded_subfolder(folder)`, opened: (a descriptor of it, a path naming that very folder). The path is
+    /proc/self/fd/N where the system has it, so a writer given it (TensorBoard's, which opens files by path)
+    writes into the folder that was checked even if a symlink is swapped in at its name afterwards; O_NOFOLLOW
+    refuses one swapped in between the check and the open. Close the descriptor when the writer is done."""
+    folder = guarded_subfolder(folder)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:  # ELOOP (a symlink now) or ENOTDIR (a file now): replaced since the check
+        raise OutputError(f"{folder} was replaced while the run started ({e.strerror}); a run writes only inside "
+                          "its output folder: check who else writes there") from None
+    held = Path(f"/proc/self/fd/{fd}")
+    return fd, held if held.is_dir() else folder
 
 
 def output_lock(folder: str | Path | None) -> contextlib.AbstractContextManager:
@@ -183,6 +213,39 @@ def to_strict_json(value: Any) -> Any:
     if hasattr(value, "tolist") and callable(value.tolist):  # numpy scalars and arrays, torch tensors
         return to_strict_json(value.tolist())
     return value
+
+
+MAX_JSON_BYTES = 1 << 20  # a run's config.json or summary.json is a few kB
+MAX_JSON_DEPTH = 32
+
+
+def read_json_object(path: str | Path, what: str = "file") -> dict[str, Any]:
+    """The JSON object in `path` (a run folder's config.json...), read strictly: at most MAX_JSON_BYTES, nested at
+    most MAX_JSON_DEPTH levels, an object with string keys at the top; ConfigError naming `what` and the file
+    for anything else."""
+    from resmlp.errors import ConfigError
+
+    path = Path(path)
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ConfigError(f"{what} {path} holds {path.stat().st_size} bytes, more than {MAX_JSON_BYTES}; "
+                          "this project writes a few kB there: the file was replaced")
+    try:
+        value = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"{what} {path} is not valid JSON ({type(e).__name__}: {str(e)[:100]}); restore it "
+                          "or start a new run") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} {path} holds a {type(value).__name__}, not a JSON object; restore it or start "
+                          "a new run")
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise ConfigError(f"{what} {path} is nested more than {MAX_JSON_DEPTH} levels deep; restore it or start "
+                          "a new run")
+    return value
+
+
+def _depth(value: Any) -> int:
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return 1 + max((_depth(c) for c in children), default=0)
 
 
 def write_json(path: str | Path, data: Any) -> Path:

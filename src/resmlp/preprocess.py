@@ -19,14 +19,18 @@ import torch
 from PIL import ImageOps
 from timm.data import DEFAULT_CROP_PCT, create_transform
 
+from resmlp.checkpoint_reader import check_float, check_int, check_str
 from resmlp.data import dataset_stats
-from resmlp.data.images import open_image
-from resmlp.errors import CheckpointError
+from resmlp.data.images import max_image_pixels, open_image
+from resmlp.errors import CheckpointError, DataError
 
 if TYPE_CHECKING:
     from resmlp.data.batch_augment import BatchAugment
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+# the smallest centre crop: resizing to img_size / crop_pct, a crop_pct of 1e-9 would resize every image to
+# billions of pixels; timm's and DeiT's models use 0.875 to 1
+MIN_CROP_PCT = 0.1
 
 
 @dataclass(frozen=True)
@@ -62,25 +66,35 @@ class Preprocess:
                                  "metadata={'preprocess': {...}} (see docs/inference.md)")
             mean, std = dataset_stats(dataset or "folder", cfg.in_chans)
             return cls(cfg.img_size, cfg.in_chans, mean, std, DEFAULT_CROP_PCT, "bicubic", source="defaults")
-        try:
-            made = cls(int(pre["img_size"]), int(pre.get("in_chans", len(pre["mean"]))),
-                       tuple(float(v) for v in pre["mean"]), tuple(float(v) for v in pre["std"]),
-                       float(pre.get("crop_pct", DEFAULT_CROP_PCT)), str(pre.get("interpolation", "bicubic")))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise CheckpointError(f"checkpoint preprocess metadata {pre!r} is malformed ({e!r}); it needs "
-                                  "img_size, mean, std (and optionally crop_pct, interpolation, in_chans)") from None
+        made = cls._from_fields(pre)
         made.check()
         if cfg is not None and (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
             raise ValueError(f"checkpoint preprocess metadata says {made.in_chans}x{made.img_size}px but the model "
                              f"takes {cfg.in_chans}x{cfg.img_size}px; fix the metadata")
         return made
 
+    @classmethod
+    def _from_fields(cls, pre: Any) -> Preprocess:
+        """The metadata's fields, each of its type (an int is an int, not 8.5; numbers finite)."""
+        where = "checkpoint preprocess metadata"
+        if not isinstance(pre, dict) or "img_size" not in pre or not isinstance(pre.get("mean"), list) \
+                or not isinstance(pre.get("std"), list) or not 0 < len(pre["mean"]) <= 64 or len(pre["std"]) > 64:
+            raise CheckpointError(f"{where} {pre!r:.200} is malformed; it needs img_size, mean and std lists (and "
+                                  "optionally crop_pct, interpolation, in_chans)")
+        return cls(check_int(pre["img_size"], "img_size", where, 1, 4096),
+                   check_int(pre.get("in_chans", len(pre["mean"])), "in_chans", where, 1, 64),
+                   tuple(check_float(v, "mean", where, -1e6, 1e6) for v in pre["mean"]),
+                   tuple(check_float(v, "std", where, -1e6, 1e6) for v in pre["std"]),
+                   check_float(pre.get("crop_pct", DEFAULT_CROP_PCT), "crop_pct", where, -1, 1e6),
+                   check_str(pre.get("interpolation", "bicubic"), "interpolation", where))
+
     def check(self) -> None:
         """Each value checked once, here: a bad one would divide by zero or scale images silently later."""
         problems = [
             (self.img_size >= 1, "img_size", "must be a positive number of pixels"),
             (self.in_chans >= 1, "in_chans", "must be a positive number of channels"),
-            (0.0 < self.crop_pct <= 1.0, "crop_pct", "must be in (0, 1] (the centre crop's share of the image)"),
+            (MIN_CROP_PCT <= self.crop_pct <= 1.0, "crop_pct",
+             f"must be in [{MIN_CROP_PCT}, 1] (the centre crop's share of the image)"),
             (len(self.mean) in (1, 3, self.in_chans), "mean", f"needs 1, 3 or in_chans={self.in_chans} values"),
             (len(self.std) == len(self.mean), "std", "needs as many values as mean"),
             (all(math.isfinite(v) for v in self.mean), "mean", "must be finite"),
@@ -97,9 +111,11 @@ class Preprocess:
         """timm's evaluation transform: PIL image -> normalised (C, img_size, img_size) tensor."""
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"unknown interpolation {self.interpolation!r}; use one of {', '.join(INTERPOLATIONS)}")
-        return create_transform((self.in_chans, self.img_size, self.img_size), is_training=False,
-                                interpolation=self.interpolation, mean=self.mean, std=self.std,
-                                crop_pct=self.crop_pct)
+        transform = create_transform((self.in_chans, self.img_size, self.img_size), is_training=False,
+                                     interpolation=self.interpolation, mean=self.mean, std=self.std,
+                                     crop_pct=self.crop_pct)
+        transform.transforms.insert(0, ResizeBound(math.floor(self.img_size / self.crop_pct)))
+        return transform
 
     def train_transform(self, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip: float = 0.5, color_jitter: float = 0.0,
                         auto_augment: str | None = None, reprob: float = 0.0):
@@ -126,7 +142,29 @@ class Preprocess:
         """One image file as a normalised (C, H, W) tensor (`transform`: eval_transform(), made once by callers
         that load many); DataError (a ValueError) naming the file if it can't be read or is too large
         (resmlp.data.images.open_image)."""
-        return (transform or self.eval_transform())(open_image(path, self.in_chans))
+        image = open_image(path, self.in_chans)
+        try:
+            return (transform or self.eval_transform())(image)
+        except DataError as e:  # ResizeBound's refusal, which can't know the file
+            raise DataError(f"image {path}: {e}") from None
+
+
+class ResizeBound:
+    """The first step of the evaluation transform: refuse (DataError) an image whose resize (shorter side to
+    `shorter`) would exceed the pixel bound of `resmlp.data.images`; its aspect ratio, not its own size, is
+    what makes a strip of a few pixels allocate gigabytes there."""
+
+    def __init__(self, shorter: int) -> None:
+        self.shorter = shorter
+
+    def __call__(self, image):
+        width, height = image.size
+        longer = math.ceil(self.shorter * max(width, height) / max(min(width, height), 1))
+        limit = max_image_pixels()
+        if self.shorter * longer > limit:
+            raise DataError(f"a {width}x{height}-pixel image resized to a shorter side of {self.shorter} would have "
+                            f"{self.shorter * longer} pixels, more than the limit of {limit}; crop it first")
+        return image
 
 
 def _posterize(img, bits_to_keep: int, **_):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from resmlp.fileio import (
     atomic_write,
-    guarded_subfolder,
+    held_subfolder,
     write_json,  # noqa: F401 (moved to resmlp.fileio; the trainer imports it from here)
 )
 
@@ -81,8 +82,10 @@ class TensorBoardLog:
     def __init__(self, log_dir: str | Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        # SummaryWriter writes through whatever is at log_dir: a symlink planted there is refused first
-        self.writer = SummaryWriter(str(guarded_subfolder(log_dir)))
+        # SummaryWriter opens its files by path, through whatever is at log_dir: a symlink planted there is refused,
+        # and the writer gets a path to the folder held open, so one swapped in later redirects nothing
+        self._fd, held = held_subfolder(log_dir)
+        self.writer = SummaryWriter(str(held))
 
     def log(self, row: dict[str, Any]) -> None:
         for key, value in row.items():
@@ -92,3 +95,4 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self.writer.close()
+        os.close(self._fd)

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import os
 import platform
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from resmlp.errors import ConfigError
 from resmlp.hostinfo import native_bf16, usable_cores
 
 AMP_CHOICES = ("auto", "bf16", "fp16", "fp32", "none")  # fp32 and none: the same (none: the older word)
@@ -44,8 +46,20 @@ class DistInfo:
         return self.world_size > 1
 
 
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]{1,4})?")
+
+
+def check_device_name(name: str) -> str:
+    """`name` if it is auto, cpu, cuda or cuda:N; else a ValueError saying so (before torch's own parse, whose
+    errors for 'cudafoo' or 'cuda:-1' are tracebacks)."""
+    if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name):
+        raise ConfigError(f"device {name!r} is not auto, cpu, cuda or cuda:N")
+    return name
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """'auto' -> this process's GPU when there is one, else the CPU."""
+    check_device_name(name)
     if name == "auto":
         name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
     elif name == "cuda":

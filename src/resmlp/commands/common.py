@@ -8,7 +8,6 @@ This module imports nothing heavy: `resmlp --help` must not load torch.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,32 @@ def thread_count(text: str) -> int:
 
 
 thread_count.__name__ = f"thread count (1 to {MAX_THREADS})"  # argparse names the type in its message
+
+
+MAX_BATCH = 1 << 20  # the same bound as train.batch_size (resmlp.train.validation.RANGES)
+
+
+def batch_size(text: str) -> int:
+    """--batch-size of the evaluation commands: a whole number from 1 to MAX_BATCH."""
+    value = int(text)
+    if not 1 <= value <= MAX_BATCH:
+        raise ValueError(text)
+    return value
+
+
+batch_size.__name__ = f"batch size (1 to {MAX_BATCH})"
+
+
+def output_path(text: str) -> str:
+    """--output: a path, not the empty string (which would write into the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("--output is empty; name a folder (\".\" for the current one)")
+    return text
+
+
+def output_file(text: str) -> Path:
+    """--output naming a file (predict, export): a path, not the empty string."""
+    return Path(output_path(text))
 
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -93,7 +118,9 @@ def recipe_for(args: argparse.Namespace) -> str | dict[str, Any]:
     every override, so `--output RUN --resume` alone continues it); else the command's default."""
     config = Path(args.output) / "config.json"
     if args.recipe is None and args.resume and config.is_file():
-        return json.loads(config.read_text())
+        from resmlp.fileio import read_json_object
+
+        return read_json_object(config, "run config")  # then validated as any recipe (load_config)
     return args.recipe or args.default_recipe
 
 
@@ -107,7 +134,7 @@ def recipe_names() -> list[str]:
 
 def add_output_argument(parser: argparse.ArgumentParser, required: bool = False, help: str = "output folder") -> None:
     """--output (and its alias --out) for every command that writes files."""
-    parser.add_argument("--output", "--out", dest="output", required=required, help=help)
+    parser.add_argument("--output", "--out", dest="output", type=output_path, required=required, help=help)
 
 
 def add_progress_argument(parser: argparse.ArgumentParser) -> None:
@@ -136,8 +163,11 @@ def training_overrides(args: argparse.Namespace, extra: dict[str, Any] | None = 
 def run_data_flags(output: str | Path, training: bool = False) -> str:
     """The flags that name run `output`'s dataset (from its config.json) in a printed next command: for an
     evaluation (--data KIND|FOLDER [--data-dir DIR]) or, `training`, for a recipe built on fashion-mnist."""
-    data = json.loads((Path(output) / "config.json").read_text()).get("data", {})
-    kind, folder = data.get("kind", "fashion-mnist"), data.get("dir")
+    from resmlp.fileio import read_json_object
+
+    data = read_json_object(Path(output) / "config.json", "run config").get("data")
+    data = data if isinstance(data, dict) else {}
+    kind, folder = str(data.get("kind", "fashion-mnist")), data.get("dir")
     if training:
         flags = [] if kind == "fashion-mnist" else ["--set", f"data.kind={kind}"]
         return shlex.join(flags + (["--data-dir", str(folder)] if folder else []))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from resmlp.commands.common import output_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "best.safetensors), or a timm / DeiT weight file")
     p.add_argument("--format", choices=("onnx", "torchscript"), default=None,
                    help="default: from the output's extension (.onnx; .pt, .pth or .ts for TorchScript)")
-    p.add_argument("--output", type=Path, required=True,
+    p.add_argument("--output", type=output_file, required=True,
                    help="file to write, e.g. model.onnx (with class names, mean/std and crop in its metadata) or "
                         "model.pt")
     p.set_defaults(run=run)

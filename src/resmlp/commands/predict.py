@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import glob
 import io
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from resmlp.commands.common import output_file
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "run folder")
     p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
     p.add_argument("--top-k", type=int, default=5, help="classes to report per image (default 5)")
-    p.add_argument("--output", type=Path, help="also write the predictions to FILE.json or FILE.csv")
+    p.add_argument("--output", type=output_file, help="also write the predictions to FILE.json or FILE.csv")
     p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
                    help="inference precision; int8: dynamic quantisation of the linear layers (default fp32)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per batch (default 32)")
@@ -29,17 +30,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def expand_inputs(items: list[str]) -> tuple[list[Path], list[dict[str, str]]]:
-    """Image paths from files, folders and globs (in the order given) and an error per input matching none."""
+    """Image paths from files, folders and globs (in the order given) and an error per input matching none.
+
+    Regular files only, folders walked without following folder symlinks, every walk bounded
+    (`resmlp.data.walk`): no FIFO is opened, no symlink loop walked."""
+    from resmlp.data.walk import expand_pattern, is_regular_file, regular_files
+
     paths: list[Path] = []
     errors: list[dict[str, str]] = []
     for item in items:
         p = Path(item)
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
-        elif p.is_file():
+            found = list(regular_files(p, lambda name: Path(name).suffix.lower() in IMAGE_SUFFIXES))
+        elif is_regular_file(p):
             found = [p]  # named explicitly: tried whatever its suffix, and reported if unreadable
+        elif p.exists():
+            errors.append(dict(file=item, error="not a regular file (a FIFO, socket or device?)"))
+            continue
         else:
-            found = sorted(Path(f) for f in glob.glob(item, recursive=True) if Path(f).is_file())
+            found = expand_pattern(item)
         if not found:
             errors.append(dict(file=item, error="no such file, or no image files in that folder / pattern"))
         paths += found

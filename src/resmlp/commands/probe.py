@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from resmlp.commands.common import add_output_argument, add_progress_argument, add_threads_argument, amp_value
+from resmlp.commands.common import (
+    add_output_argument,
+    add_progress_argument,
+    add_threads_argument,
+    amp_value,
+    batch_size,
+)
 from resmlp.commands.train import DATA_KINDS
 
 
@@ -22,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_output_argument(p, help="folder for summary.json")
         add_threads_argument(p)
         add_progress_argument(p)
-        p.add_argument("--batch-size", type=int, default=256, metavar="N", help="images per batch (default 256)")
+        p.add_argument("--batch-size", type=batch_size, default=256, metavar="N",
+                       help="images per batch (default 256)")
         p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
         p.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp32}",
                        help="features' precision: auto = bf16 where the hardware has it (as `resmlp eval`), else fp32")

@@ -13,6 +13,7 @@ from resmlp.commands.common import (
     add_threads_argument,
     add_training_arguments,
     amp_value,
+    batch_size,
     recipe_for,
     training_overrides,
 )
@@ -52,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="precision: auto = bf16 where the hardware has it, else fp32 (default auto)")
     add_output_argument(e, help="folder for summary.json and confusion_matrix.png")
     add_progress_argument(e)
-    e.add_argument("--batch-size", type=int, default=256, metavar="N", help="images per batch (default 256)")
+    e.add_argument("--batch-size", type=batch_size, default=256, metavar="N",
+                       help="images per batch (default 256)")
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add_threads_argument(e)
     e.set_defaults(run=run_eval)
@@ -97,6 +99,17 @@ def test_scores_line(summary: dict) -> str:
     return f"test top-1 {summary['test_top1']:.2f}%, top-5 {summary['test_top5']:.2f}%"
 
 
+def _print_scores(summary: dict) -> None:
+    """The scores of an evaluation, printed before its files are written (a failed write keeps them shown)."""
+    width = max(len(name) for name in summary["per_class_top1"])
+    print(f"{summary['checkpoint']} on {summary['dataset']} ({summary['split']}, {summary['images']} images)")
+    for name, acc in summary["per_class_top1"].items():
+        print(f"  {name:<{width}}  {acc:6.2f}%")
+    print(f"top-1 {summary['top1']:.2f}%  top-5 {summary['top5']:.2f}% ({summary['precision']})", flush=True)
+    if summary["skipped_images"]:
+        print(f"{summary['skipped_images']} unreadable images skipped")
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from resmlp.evaluation import evaluate
     from resmlp.fileio import output_lock
@@ -105,17 +118,9 @@ def run_eval(args: argparse.Namespace) -> int:
     with process_settings(args.threads), output_lock(args.output):  # a folder a training holds is refused
         summary = evaluate(args.checkpoint, data=args.data, data_dir=args.data_dir, split=args.split,
                            output=args.output, batch_size=args.batch_size, device=args.device, amp=args.amp,
-                           progress=args.progress)
-    width = max(len(name) for name in summary["per_class_top1"])
-    print(f"{summary['checkpoint']} on {summary['dataset']} ({summary['split']}, {summary['images']} images)")
-    for name, acc in summary["per_class_top1"].items():
-        print(f"  {name:<{width}}  {acc:6.2f}%")
-    print(f"top-1 {summary['top1']:.2f}%  top-5 {summary['top5']:.2f}% ({summary['precision']})")
-    if summary["skipped_images"]:
-        print(f"{summary['skipped_images']} unreadable images skipped")
-    print(f"confusion matrix: {summary['confusion_matrix']}")
+                           progress=args.progress, announce=_print_scores)
     if args.output:
-        print(f"summary: {args.output}/summary.json")
+        print(f"confusion matrix: {summary['confusion_matrix']}\nsummary: {args.output}/summary.json")
     split = summary["split"]
     keys = (f"{split}_top1", f"{split}_top5", "epochs", "wall_seconds", "checkpoint", "precision")
     print(json.dumps({k: summary[k] for k in keys}))

@@ -38,20 +38,53 @@ def cifar(kind: str, split: str, data_dir: str | Path, in_chans: int = 3, transf
             f"{kind} not found: expected {root}/{folder}/{meta_file} (the python version of the dataset, "
             f"https://www.cs.toronto.edu/~kriz/cifar.html, extracted with tar xzf)"
         )
-    names = [_text(n) for n in _field(_unpickle(base / meta_file), names_key, base / meta_file)]
+    names = _class_names(_field(_unpickle(base / meta_file), names_key, base / meta_file), base / meta_file)
     images, labels = [], []
     for name in train_files if split == "train" else test_files:
         path = base / name
         batch = _unpickle(path)
-        data = np.asarray(_field(batch, b"data", path))
-        batch_labels = list(_field(batch, labels_key, path))
-        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 \
-                or len(batch_labels) != len(data):
-            raise DataError(f"{path} is not a CIFAR batch: expected uint8 data of shape (N, 3072) and N labels, "
-                            f"got {data.dtype} {data.shape} and {len(batch_labels)} labels")
+        data = _field(batch, b"data", path)
+        # an array, not a list: a list can name one row 60,000 times in a few kB, and converting it would
+        # allocate every copy; an array's bytes are in the file
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
+                or data.shape[1] != 3 * 32 * 32:
+            what = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+            raise DataError(f"{path} is not a CIFAR batch: expected a uint8 array of shape (N, 3072), got {what}")
         images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-        labels.extend(batch_labels)
-    return ArrayDataset(np.concatenate(images), np.asarray(labels), names, in_chans=in_chans, transform=transform)
+        labels.append(_labels(_field(batch, labels_key, path), len(data), len(names), path))
+    return ArrayDataset(np.concatenate(images), np.concatenate(labels), names, in_chans=in_chans,
+                        transform=transform)
+
+
+MAX_CLASSES = 100_000
+MAX_NAME_LENGTH = 1000
+
+
+def _class_names(names: Any, path: Path) -> list[str]:
+    if not isinstance(names, list) or not 0 < len(names) <= MAX_CLASSES \
+            or not all(isinstance(n, (bytes, str)) and len(n) <= MAX_NAME_LENGTH for n in names):
+        raise DataError(f"{path} is not a CIFAR meta file: expected a list of 1 to {MAX_CLASSES} class names "
+                        f"(strings of at most {MAX_NAME_LENGTH} characters)")
+    return [_text(n) for n in names]
+
+
+def _labels(labels: Any, count: int, num_classes: int, path: Path) -> np.ndarray:
+    """The batch's labels as int64, each an integer (not 1.5 or True: a float would be truncated into a class
+    silently) in [0, num_classes)."""
+    if not isinstance(labels, (list, np.ndarray)) or len(labels) != count:
+        size = len(labels) if isinstance(labels, (list, np.ndarray)) else type(labels).__name__
+        raise DataError(f"{path} is not a CIFAR batch: expected a list of {count} labels (one per image), got {size}")
+    if isinstance(labels, list) and not all(type(v) is int or isinstance(v, np.integer) for v in labels):
+        bad = next(v for v in labels if not (type(v) is int or isinstance(v, np.integer)))
+        raise DataError(f"{path}: label {bad!r:.40} is not an integer class index; the file is damaged")
+    array = np.asarray(labels)
+    if array.dtype.kind not in "iu":  # an object array (ints past 64 bits) or a float/bool array
+        raise DataError(f"{path}: its labels are {array.dtype}, not integer class indices; the file is damaged")
+    outside = array[(array < 0) | (array >= num_classes)] if count else array
+    if len(outside):
+        raise DataError(f"{path}: label {int(outside[0])} is outside [0, {num_classes}) (the {num_classes} class "
+                        "names of the dataset's meta file); the file is damaged")
+    return array.astype(np.int64)
 
 
 def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:

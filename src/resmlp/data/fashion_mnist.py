@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from resmlp.data.arrays import ArrayDataset
+from resmlp.data.images import check_image_size
+from resmlp.data.walk import is_regular_file
 from resmlp.errors import DataError
 
 DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -52,15 +54,18 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 
 def _read_bounded(path: Path) -> bytes:
+    """The file's bytes (decompressed), at most MAX_IDX_BYTES of them whether gzipped or not; regular files only
+    (a FIFO would block the read)."""
+    if not is_regular_file(path):
+        raise DataError(f"{path} is not a regular file (a FIFO, socket or device?)")
     try:
-        if path.suffix != ".gz":
-            return path.read_bytes()
-        with gzip.open(path, "rb") as f:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as f:
             raw = f.read(MAX_IDX_BYTES + 1)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(f"{path} is not a readable gzip file ({e}); re-download it") from None
     if len(raw) > MAX_IDX_BYTES:
-        raise DataError(f"{path} expands to more than {MAX_IDX_BYTES} bytes; a Fashion-MNIST file is 47 MB")
+        raise DataError(f"{path} holds more than {MAX_IDX_BYTES} bytes; a Fashion-MNIST file is 47 MB")
     return raw
 
 
@@ -86,6 +91,7 @@ def fashion_mnist(split: str, data_dir: str | Path | None = None, in_chans: int 
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3 or min(images.shape) == 0:
         raise DataError(f"{images_path}: expected images of shape (N, height, width), got {images.shape}")
+    check_image_size(images.shape[2], images.shape[1], f"each image of {images_path}")
     if labels.shape != images.shape[:1] or (labels.size and labels.max() >= len(CLASS_NAMES)):
         raise DataError(f"{labels_path}: expected {len(images)} labels from 0 to {len(CLASS_NAMES) - 1} (one per "
                         f"image of {images_path.name}), got shape {labels.shape}")

@@ -11,6 +11,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from resmlp.data.images import open_image
+from resmlp.data.walk import regular_files
 from resmlp.errors import DataError
 
 
@@ -31,7 +32,7 @@ class SkippingImageFolder(ImageFolder):
         classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         if not classes:
             raise ValueError(f"{root} has no class sub-folders; expected the layout {root}/<class>/<image>.jpg")
-        empty = [c for c in classes if not any(_is_image(p) for p in (root / c).rglob("*"))]
+        empty = [c for c in classes if next(regular_files(root / c, _is_image_name), None) is None]
         if empty:
             raise ValueError(f"class folder(s) with no images in {root}: {', '.join(empty[:10])}; remove them "
                              f"or add images (extensions {', '.join(IMG_EXTENSIONS)})")
@@ -39,6 +40,13 @@ class SkippingImageFolder(ImageFolder):
         self.in_chans = in_chans
         self.max_image_pixels = max_image_pixels
         self.class_names = list(self.classes)
+
+    def make_dataset(self, directory: str, class_to_idx: dict[str, int], extensions=None, is_valid_file=None,
+                     allow_empty: bool = False) -> list[tuple[str, int]]:
+        """(path, class) of every regular image file, walked by `resmlp.data.walk.regular_files`: torchvision's
+        walk follows folder symlinks (two links to `..`: an exponential walk) and takes a FIFO named x.png."""
+        return [(str(path), index) for name, index in sorted(class_to_idx.items())
+                for path in regular_files(Path(directory) / name, _is_image_name)]
 
     @property
     def labels(self) -> np.ndarray:
@@ -56,19 +64,17 @@ class SkippingImageFolder(ImageFolder):
         path, target = self.samples[index]
         try:
             image = open_image(path, self.in_chans, self.max_image_pixels)
-        except DataError as e:  # only a file that does not decode is skipped
+            if self.transform is not None:
+                image = self.transform(image)
+        except DataError as e:  # a file that does not decode, or too large once resized (Preprocess's guard)
             warnings.warn(f"skipping unreadable image {path}: {e}", stacklevel=1)
             return None
-        if self.transform is not None:
+        except Exception as e:
             # an augmentation's failure is a bug in the augmentation, not a corrupt file: it is raised (naming the
             # image) instead of silently dropping a healthy image from training
-            try:
-                image = self.transform(image)
-            except Exception as e:
-                raise RuntimeError(f"the transform failed on the readable image {path}: {type(e).__name__}: {e}") \
-                    from e
+            raise RuntimeError(f"the transform failed on the readable image {path}: {type(e).__name__}: {e}") from e
         return image, target
 
 
-def _is_image(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() in IMG_EXTENSIONS
+def _is_image_name(name: str) -> bool:
+    return name.lower().endswith(IMG_EXTENSIONS)

@@ -17,11 +17,12 @@ All image reading (predict's files, image-folder datasets) goes through `open_im
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 
 from resmlp.errors import ConfigError, DataError
 
@@ -30,32 +31,63 @@ from resmlp.errors import ConfigError, DataError
 DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 MAX_PIXELS_VARIABLE = "RESMLP_MAX_IMAGE_PIXELS"
 HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
-READ_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 
 
 def open_image(path: str | Path, in_chans: int = 3, max_pixels: int | None = None) -> Image.Image:
     """The image at `path`, decoded, as mode 'L' (in_chans 1) or 'RGB'; DataError naming the file if it
-    can't be read or has more than `max_pixels` pixels (default: $RESMLP_MAX_IMAGE_PIXELS, else PIL's)."""
+    can't be read, is not a regular file, or fails `check_image_size` (default bound: $RESMLP_MAX_IMAGE_PIXELS,
+    else PIL's)."""
     limit = max_image_pixels() if max_pixels is None else int(max_pixels)
     if limit > (Image.MAX_IMAGE_PIXELS or 0):
         # PIL refuses more than twice its global bound inside Image.open; raising ours must raise it too
         Image.MAX_IMAGE_PIXELS = limit
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _open_regular(path) as file:
             # the size check below is the bound; PIL's warning between 1x and 2x its own would be noise
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                if img.width * img.height > limit:
-                    raise DataError(f"image {path} is {img.width}x{img.height} pixels, more than the limit of "
-                                    f"{limit} (a decompression bomb?); if it is real, raise the limit: "
-                                    f"{MAX_PIXELS_VARIABLE}={img.width * img.height} in the environment")
+            with Image.open(file) as img:
+                check_image_size(img.width, img.height, f"image {path}", limit)
                 img.load()
                 upright = ImageOps.exif_transpose(img)
                 return _to_mode(upright, "L" if in_chans == 1 else "RGB", path)
-    except DataError:
+    except (DataError, MemoryError):
         raise
-    except READ_ERRORS as e:
-        raise DataError(f"cannot read image {path}: {e}") from None
+    except Exception as e:  # PIL's decoders raise many types for damaged files (RuntimeError for AVIF, struct...)
+        raise DataError(f"cannot read image {path}: {type(e).__name__}: {e}") from None
+
+
+# the widest (or tallest) image read: a 1 x 20,000,000 strip passes any pixel bound, then its resize to the model's
+# size allocates gigabytes; panoramas are up to about 10:1
+MAX_ASPECT_RATIO = 100
+
+
+def check_image_size(width: int, height: int, what: str, max_pixels: int | None = None) -> None:
+    """DataError unless the image has at least one pixel, at most `max_pixels` (default: max_image_pixels())
+    and a side ratio up to MAX_ASPECT_RATIO."""
+    limit = max_image_pixels() if max_pixels is None else max_pixels
+    if width < 1 or height < 1:
+        raise DataError(f"{what} is {width}x{height} pixels: it has no pixels")
+    if width * height > limit:
+        raise DataError(f"{what} is {width}x{height} pixels, more than the limit of {limit} (a decompression "
+                        f"bomb?); if it is real, raise the limit: {MAX_PIXELS_VARIABLE}={width * height} in the "
+                        "environment")
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        raise DataError(f"{what} is {width}x{height} pixels, a side ratio above {MAX_ASPECT_RATIO}:1; resized to a "
+                        "model's input it would take gigabytes: crop it first")
+
+
+def _open_regular(path: str | Path):
+    """The file at `path` opened for reading only if it is a regular file: a FIFO would block the open (and a
+    device read forever); O_NONBLOCK makes opening a FIFO return at once, and fstat then refuses it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DataError(f"cannot read image {path}: not a regular file (a FIFO, socket or device?)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def max_image_pixels() -> int:

@@ -16,6 +16,8 @@ import torch
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import Dataset, DistributedSampler, Sampler, default_collate
 
+from resmlp.errors import DataError
+
 
 class ResumableSampler(Sampler):
     """Per-rank indices of one epoch, as keys (seed, epoch, global position, index); see module doc."""
@@ -85,6 +87,7 @@ def collate_skipping(batch: list) -> tuple[torch.Tensor, torch.Tensor, int]:
     """default_collate of the readable samples, plus how many were dropped as unreadable (None)."""
     good = [sample for sample in batch if sample is not None]
     if not good:
-        raise RuntimeError("every image of a batch was unreadable; check the dataset files")
+        raise DataError(f"every image of a batch ({len(batch)}) was unreadable (see the warnings above); check the "
+                        "dataset files")
     images, targets = default_collate(good)
     return images, targets, len(batch) - len(good)

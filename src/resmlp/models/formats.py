@@ -61,7 +61,9 @@ class UnrecognisedFormat(CheckpointError):
 
 
 def is_state_dict(obj: Any) -> bool:
-    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+    """A non-empty dict of tensors named by strings."""
+    return (isinstance(obj, dict) and bool(obj)
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
 
 
 def unwrap_state_dict(obj: Any, checkpoint_key: str | None = None) -> dict[str, torch.Tensor] | None:

@@ -8,6 +8,7 @@ One trunk covers the paper's models, every ablation of its Table 3 and Appendix 
 # names (`_torch_Tensor_`), which TorchScript then refuses (timm's test_model_forward_fx_torchscript)
 import dataclasses
 import difflib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,20 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+_KIND_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
+# the types each ResMLPConfig field accepts (float: any finite int or float; int: not a bool, not 8.0)
+_FIELD_KINDS: dict[str, tuple[Any, ...]] = {
+    "img_size": (int,), "patch_size": (int,), "in_chans": (int,), "num_classes": (int,), "dim": (int,),
+    "depth": (int,), "mlp_ratio": (float,), "cross_patch": (str,), "cross_patch_hidden": (int, None),
+    "norm": (str,), "act": (str,), "layerscale": (bool,), "layerscale_init": (float, None), "pooling": (str,),
+    "pos_embed": (bool,), "drop_rate": (float,), "drop_path_rate": (float,),
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def default_layerscale_init(depth: int) -> float:
     """LayerScale init by depth, as the authors use it: 0.1 up to 12 blocks, 1e-5 up to 24, else 1e-6."""
     if depth <= 12:
@@ -74,6 +89,7 @@ class ResMLPConfig:
     drop_path_rate: float = 0.0
 
     def __post_init__(self) -> None:
+        self._check_types()
         choices = {"cross_patch": CROSS_PATCH, "norm": NORMS, "act": tuple(ACTIVATIONS), "pooling": POOLINGS}
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -98,6 +114,22 @@ class ResMLPConfig:
         for field in ("drop_rate", "drop_path_rate"):
             if not 0.0 <= getattr(self, field) < 1.0:
                 raise ValueError(f"{field} must be in [0, 1), got {getattr(self, field)}")
+
+    def _check_types(self) -> None:
+        """Each field of its type, strictly: a config read from a file or typed by hand says dim=8.0, depth=true or
+        mlp_ratio=NaN by mistake, and the model would fail (or compute NaN) far from the cause."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            kinds = _FIELD_KINDS[field.name]
+            if value is None and None in kinds:
+                continue
+            if float in kinds:
+                if _is_number(value) and math.isfinite(value):
+                    continue
+            elif isinstance(value, kinds[0]) and (kinds[0] is bool or not isinstance(value, bool)):
+                continue
+            expected = " or ".join("null" if k is None else _KIND_NAMES[k] for k in kinds)
+            raise ValueError(f"{field.name}={value!r} is not {expected}")
 
     @property
     def grid_size(self) -> int:

@@ -104,8 +104,9 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     from resmlp.evaluation import eval_batches_or_loader, resolve_checkpoint
     from resmlp.hostinfo import host_info
     from resmlp.inference import load_for_inference, optimize_features
-    from resmlp.runtime import resolve_amp, resolve_device
+    from resmlp.runtime import check_device_name, resolve_amp, resolve_device
 
+    check_device_name(device)  # before the checkpoint and the data are read
     if method not in ("knn", "linear"):
         raise ValueError(f"method must be knn or linear, got {method!r}")
     if method == "knn":  # before minutes of feature extraction

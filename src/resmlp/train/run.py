@@ -31,7 +31,7 @@ def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", outpu
         try:
             # one run owns its output folder: a second run (or resume) on it fails fast, naming the holder
             with RunLock(out) if info.is_main else contextlib.nullcontext():
-                if info.is_main and resume:
+                if info.is_main:  # a new run in a folder whose run was killed before its first state too
                     remove_stale_temporaries(out)  # left by a kill during an atomic write
                 return Trainer(cfg, out, info, resume, task or task_for(cfg)).fit()
         finally:

@@ -172,6 +172,12 @@ class TrainConfig:
         """The model section's keys besides name: ResMLPConfig fields or timm constructor arguments."""
         return {k: v for k, v in self.model.items() if k != "name"}
 
+    @property
+    def constructor_overrides(self) -> dict[str, Any]:
+        """The model section's keys a timm/torchvision constructor is given: its classes come from the data and
+        its image size is the data's (timm models take any)."""
+        return {k: v for k, v in self.model_overrides.items() if k not in ("img_size", "num_classes")}
+
     def model_config(self, num_classes: int | None = None) -> ResMLPConfig:
         """The ResMLPConfig of a preset `model` (preset + overrides); num_classes from the data unless given."""
         overrides = self.model_overrides

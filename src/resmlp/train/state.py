@@ -11,6 +11,8 @@ import numpy as np
 import torch
 
 from resmlp.checkpoint import torch_load
+from resmlp.checkpoint_reader import check_int, check_state_dict
+from resmlp.errors import CheckpointError
 from resmlp.fileio import atomic_write
 
 if TYPE_CHECKING:
@@ -40,6 +42,13 @@ def load_state(path: str | Path) -> dict[str, Any]:
     if state["version"] != STATE_VERSION:
         raise ValueError(f"{path} was written by another version of resmlp (state version {state['version']}, this "
                          f"one reads {STATE_VERSION}); finish it with that version or fine-tune from its weights")
+    for key, low in (("epoch", 0), ("step_in_epoch", 0), ("global_step", 0), ("best_epoch", -1), ("world_size", 1)):
+        check_int(state.get(key), key, path, low, 1 << 62)  # -1: no epoch finished yet
+    for key, kind in (("config", dict), ("model", dict), ("optimizer", dict), ("history", list)):
+        if not isinstance(state.get(key), kind):
+            raise CheckpointError(f"{path}: {key} is not a {kind.__name__}; the state file is damaged: resume from "
+                                  "a copy or start a new run")
+    check_state_dict(state["model"], path)
     return state
 
 

@@ -317,14 +317,15 @@ class Trainer:
         self.epoch += 1
         self.step_in_epoch = 0
         self.epoch_totals = torch.zeros(3, dtype=torch.float64)
-        # the resumable state first: whatever fails after it, the epoch is not lost
-        self._save_state()
+        # the resumable state last: it vouches for every file of the epoch, so a kill between two writes resumes
+        # into a redone epoch that writes them all again, never into a run whose files hold other epochs
         if self.info.is_main:
             print(self.task.epoch_message(row, self.cfg.schedule.epochs), flush=True)
             save(eval_model, self.out / "last.safetensors", checkpoint_metadata(self, row))
             if improved:
                 save(eval_model, self.out / "best.safetensors", checkpoint_metadata(self, row))
             side_outputs(self, row)
+        self._save_state()
 
     def _save_state(self) -> None:
         if self.info.is_main:

@@ -17,17 +17,25 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from resmlp.build import check_constructor_keys, parse_model_name
-from resmlp.complexity import training_memory_bytes
+import torch
+
+from resmlp.build import build_model, check_constructor_keys, parse_model_name
+from resmlp.complexity import dino_memory_bytes, evaluation_memory_bytes, training_memory_bytes
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
 from resmlp.hostinfo import physical_memory_bytes
+from resmlp.preprocess import INTERPOLATIONS
+from resmlp.runtime import DEVICE_NAME
 from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
+from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
 
 # the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
 # memory runs out, or a zero would fail deep inside the run. The model's sizes are bounded by ResMLPConfig itself.
 RANGES: dict[str, tuple[float, float]] = {
-    "data.val_size": (0, 10_000_000), "data.synthetic_classes": (1, 100_000), "data.num_workers": (0, 256),
+    "data.val_size": (0, 10_000_000), "data.color_jitter": (0, 10), "train.seed": (0, 2**32 - 1),
+    "data.val_seed": (0, 2**32 - 1), "data.permute_seed": (0, 2**32 - 1), "data.synthetic_classes": (1, 100_000),
+    "data.num_workers": (0, 256), "data.mixup": (0, 100), "data.cutmix": (0, 100), "optim.weight_decay": (0, 100),
+    "schedule.warmup_epochs": (0, 100_000), "schedule.decay_epochs": (0, 100_000),
     "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
     "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1),
     "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
@@ -50,6 +58,7 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
     `sources` names where a dotted key's value came from (a recipe file, the command line), for the messages;
     keys without one are named as the recipe's.
     """
+    check_keys_are_strings(raw)
     errors: list[str] = []
     known = {"recipe", "task", "model", *SECTIONS}
     for key in raw:
@@ -70,7 +79,9 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
     if task is not None and task not in TASKS:
         errors.append(f"task: {task!r} is not one of {', '.join(TASKS)}")
         task = None
-    cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=dict(model), **sections)
+    model = {k: _coerce(v, float) if k in _MODEL_FLOATS and isinstance(v, str) and _coerce(v, float) is not _BAD
+             else v for k, v in model.items()}  # YAML reads 1e-9 as a string
+    cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=model, **sections)
     errors += _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
     if not errors:  # the memory estimate needs sizes that are each in range
         errors += _check_memory(cfg)
@@ -115,13 +126,21 @@ def _check_memory(cfg: TrainConfig) -> list[str]:
     except (ValueError, TypeError):
         return []  # _check_model reports it
     micro_batch = max(1, cfg.train.batch_size // cfg.train.grad_accum)
-    need, have = training_memory_bytes(config, micro_batch), physical_memory_bytes()
+    dn = cfg.dino
+    dino = 0 if cfg.task_name != "dino" else dino_memory_bytes(
+        config.dim, dn.out_dim, dn.hidden_dim, dn.bottleneck_dim, 2 + dn.num_local, config.img_size, micro_batch)
+    need = training_memory_bytes(config, micro_batch) + evaluation_memory_bytes(config.num_classes) + dino
+    have = physical_memory_bytes()
     if have is None or need <= have:
         return []
-    return [f"model: training {cfg.model['name']} (dim {config.dim}, depth {config.depth}, {config.img_size} px) at "
-            f"a batch of {micro_batch} needs at least {need / 2**30:.1f} GiB for weights, optimizer state and "
-            f"activations, more than this machine's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
-            "train.grad_accum), model.dim, model.depth or model.img_size"]
+    return [f"model: training {cfg.model['name']} (dim {config.dim}, depth {config.depth}, {config.img_size} px, "
+            f"{config.num_classes} classes{', with DINO' if dino else ''}) at a batch of {micro_batch} needs at least "
+            f"{need / 2**30:.1f} GiB for weights, optimizer state, activations and the evaluation's confusion "
+            f"matrix, more than this machine's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
+            "train.grad_accum), model.dim, model.depth, model.img_size, the classes or dino.out_dim"]
+
+
+_MODEL_FLOATS = ("mlp_ratio", "layerscale_init", "drop_rate", "drop_path_rate")
 
 
 def _unknown(key: str, known, what: str, where: str = "") -> str:
@@ -189,9 +208,10 @@ def _check_model(cfg: TrainConfig) -> list[str]:
         name = cfg.model_name
     except ValueError as e:
         return [f"model.name: {e}"]
-    if name.kind == "preset":
+    if name.kind != "file":  # presets, timm and torchvision models built on the meta device: no memory
         try:
-            cfg.model_config()
+            with torch.device("meta"):
+                cfg.model_config() if name.kind == "preset" else build_model(name, **cfg.constructor_overrides)
         except (ValueError, TypeError) as e:
             return [f"model: {e}"]
     if name.kind == "file":
@@ -258,9 +278,15 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     if d.test_dir is not None:
         need(Path(d.test_dir).is_dir(), f"data.test_dir: {d.test_dir} does not exist or is not a folder")
     need(d.permute in ("none", "patch", "global"), f"data.permute: {d.permute!r} is not one of none, patch, global")
+    need(d.interpolation in INTERPOLATIONS, f"data.interpolation: {d.interpolation!r} is not one of "
+                                            f"{', '.join(INTERPOLATIONS)}")
+    need(len(d.synthetic_size) == 2, f"data.synthetic_size: [train, val] image counts, got {d.synthetic_size}")
+    if d.std is not None and d.mean is not None:
+        need(len(d.mean) == len(d.std) and len(d.mean) in (1, 3, input_shape(cfg)[0]),
+             f"data.mean and data.std: as many values, 1, 3 or the model's channels, got {d.mean} and {d.std}")
+        need(all(v > 0 for v in d.std), f"data.std: every value must be > 0 (images are divided by it), got {d.std}")
     if d.auto_augment is not None:
-        need(d.auto_augment.startswith(("rand", "augmix", "original", "v0", "3a")),
-             f"data.auto_augment: {d.auto_augment!r} is not a timm policy string such as rand-m9-mstd0.5-inc1")
+        errors += check_auto_augment(d.auto_augment)
     need(o.name in ("lamb", "sgd", "adamw"), f"optim.name: {o.name!r} is not one of lamb, sgd, adamw")
     need(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
     need(o.reference_batch is None or o.reference_batch > 0, "optim.reference_batch must be > 0 or null")
@@ -283,8 +309,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(t.compile in (True, False, "auto", "true", "false"),
          f"train.compile: {t.compile!r} is not one of auto, true, false")
     need(o.layer_decay is None or 0 < o.layer_decay <= 1, f"optim.layer_decay must be in (0, 1], got {o.layer_decay}")
-    need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
-         f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
+    need(DEVICE_NAME.fullmatch(t.device) is not None, f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
     return errors + _check_paradigm_sections(cfg)
 
 
@@ -299,6 +324,8 @@ def _check_paradigm_sections(cfg: TrainConfig) -> list[str]:
 
     kd, ft, dn = cfg.distill, cfg.finetune, cfg.dino
     need(kd.type in ("hard", "soft"), f"distill.type: {kd.type!r} is not one of hard, soft")
+    if kd.teacher is not None:
+        errors += check_teacher(kd.teacher)
     need(0 <= kd.alpha <= 1, f"distill.alpha must be in [0, 1], got {kd.alpha}")
     need(kd.tau > 0, f"distill.tau must be > 0, got {kd.tau}")
     random_aug = [key for key, on in (("scale", list(d.scale) != [1.0, 1.0]), ("reprob", d.reprob > 0),
@@ -312,6 +339,9 @@ def _check_paradigm_sections(cfg: TrainConfig) -> list[str]:
     need(ft.freeze is None or ft.freeze == "all-but-head" or (isinstance(ft.freeze, int) and ft.freeze >= 0),
          f"finetune.freeze: expected a number of blocks (>= 0) or all-but-head, got {ft.freeze!r}")
     need(dn.num_local >= 0 and dn.out_dim >= 1, "dino.num_local must be >= 0 and dino.out_dim >= 1")
+    img_size = input_shape(cfg)[1]
+    need(dn.local_size is None or not img_size or dn.local_size <= img_size,
+         f"dino.local_size={dn.local_size} is larger than the global crops ({img_size} px); local crops are smaller")
     need(0 <= dn.momentum_teacher < 1, f"dino.momentum_teacher must be in [0, 1), got {dn.momentum_teacher}")
     for key in ("global_scale", "local_scale"):
         v = getattr(dn, key)

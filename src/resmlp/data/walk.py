@@ -1,0 +1,104 @@
+"""Finding files in folders and glob patterns, bounded: regular files only, no symlink loops, no hang.
+
+torchvision's ImageFolder and Python's recursive glob follow symlinks to folders, so two links to `..` make
+a walk exponential (or endless); and a FIFO named `x.png` passes every suffix test, then blocks the first
+`open` forever. Here:
+- folders are walked without following symlinks to folders below the folder named (a symlink to a file is
+  followed), so every folder is visited once;
+- only regular files are returned (FIFOs, sockets and devices are not), decided by `os.stat`, never by
+  opening them;
+- a walk stops with a DataError after MAX_WALK_ENTRIES entries (a pattern such as `/proc/self/**/*.png`
+  or a mistaken `/`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from resmlp.errors import DataError
+
+MAX_WALK_ENTRIES = 10_000_000  # ten times ImageNet-21k's images: past this, the folder is not a dataset
+
+
+def is_regular_file(path: str | Path) -> bool:
+    """Whether `path` is (or links to) a regular file: not a FIFO, socket or device, which `open` could block
+    on or read forever."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def regular_files(top: str | Path, keep: Callable[[str], bool] = lambda _: True,
+                  max_entries: int = MAX_WALK_ENTRIES) -> Iterator[Path]:
+    """The regular files under `top` whose name `keep` accepts, folder symlinks below `top` not followed;
+    DataError past `max_entries` entries. In torchvision's order (folders sorted by path, then names), so an
+    image folder lists its samples as ImageFolder did."""
+    seen, folders = 0, []
+    for folder, dirs, files in os.walk(top, followlinks=False):
+        seen += len(dirs) + len(files)
+        if seen > max_entries:
+            raise DataError(f"{top} holds more than {max_entries} entries; name a smaller folder or pattern")
+        folders.append((folder, files))
+    for folder, files in sorted(folders):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if keep(name) and is_regular_file(path):
+                yield Path(path)
+
+
+def expand_pattern(pattern: str, max_entries: int = MAX_WALK_ENTRIES) -> list[Path]:
+    """The regular files a glob pattern names, sorted; `**` matches any folders (walked by `regular_files`,
+    so without symlink loops and bounded), other wildcards one path component as in `glob`."""
+    if "**" not in pattern:
+        return sorted(Path(f) for f in glob.glob(pattern) if is_regular_file(f))
+    base = _literal_prefix(pattern)
+    regex = _pattern_regex(pattern)
+    return [p for p in regular_files(base, max_entries=max_entries) if regex.fullmatch(str(p))]
+
+
+def _literal_prefix(pattern: str) -> str:
+    """The folder part of `pattern` before its first wildcard ('.' for a relative pattern without one)."""
+    parts = pattern.split(os.sep)
+    literal = []
+    for part in parts[:-1]:
+        if glob.has_magic(part):
+            break
+        literal.append(part)
+    return os.sep.join(literal) or ("/" if pattern.startswith(os.sep) else ".")
+
+
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    """A glob pattern as a regular expression over whole paths: `**/` any folders (or none), `*` and `?` within
+    one component, `[...]` a character class."""
+    if pattern.startswith("." + os.sep) and _literal_prefix(pattern) == ".":
+        pattern = pattern[2:]
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 2:]:
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1:end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    prefix = "(?:\\./)?" if not pattern.startswith(os.sep) else ""
+    return re.compile(prefix + "".join(out))
