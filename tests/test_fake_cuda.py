@@ -300,3 +300,4 @@ def test_decoding_reads_once_per_step_and_copies_nothing(beam):
     assert len(out) == 2
     kinds = Counter(e.kind for e in ledger.events)
     assert kinds == {"read": 6 + 1}  # the stop test of each of max_len steps, then the result
+

@@ -233,3 +233,18 @@ def test_compile_auto_compiles_mid_run_and_trains_the_eager_weights(tmp_path, mo
     assert not eager["compile"]["compiled"]
     a, b = (resmlp.load(tmp_path / run / "last.safetensors").state_dict() for run in ("auto", "eager"))
     assert_same_training(initial_weights(base), a, b, "none", "compile auto mid-run vs eager")
+
+
+def test_a_compiled_run_says_the_first_step_compiles(tmp_path, capsys):
+    """The progress bar waits at step 1 while torch compiles: a line says so first (issue 35, item 12)."""
+    from test_fake_cuda import COMMON
+
+    from resmlp.runtime import init_distributed
+    from resmlp.train import load_config
+    from resmlp.train.tasks import SupervisedTask
+    from resmlp.train.trainer import Trainer
+
+    cfg = load_config("fashion-mnist-quick", {**COMMON, "train.device": "cpu", "train.compile": True,
+                                              "train.amp": "fp32"})
+    Trainer(cfg, tmp_path / "run", init_distributed("cpu"), False, SupervisedTask(cfg))  # built, not run
+    assert "train.compile=true: the first step compiles the model" in capsys.readouterr().out

@@ -92,6 +92,9 @@ class Trainer:
         self.loss_fn = task.build_loss(self, num_classes)
         self.compile_choice = CompileChoice(str(t.compile).lower(), device, info.world_size)
         self.train_model: nn.Module = self._compiled(self.model) if self.compile_choice.decided else self.model
+        if self.compile_choice.decided and info.is_main:  # the bar waits at its first step while torch compiles
+            print(f"{self.compile_choice.reason}: the first step compiles the model (a minute or more on a CPU)",
+                  flush=True)
         if info.enabled:
             ids = [device.index] if device.type == "cuda" else None
             self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
@@ -299,7 +302,8 @@ class Trainer:
         if self.compile_choice.after_step(remaining, sync):
             self.train_model = self._compiled(self.train_model)
             if self.info.is_main:
-                print(self.compile_choice.reason + ": compiling", flush=True)
+                print(self.compile_choice.reason + ": compiling (the next step takes a minute or more on a CPU)",
+                      flush=True)
 
     def _end_epoch(self) -> None:
         self._check_weights()
