@@ -59,7 +59,7 @@ def features(loaded: LoadedModel, data: str) -> list[np.ndarray]:
     fast = optimize_features(loaded.model, "fp32")
     for split in ("train", heldout_split(data)):
         dataset = build_dataset(data, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
-        out += extract_features(fast, DataLoader(dataset, batch_size=256, num_workers=0))
+        out += [t.numpy() for t in extract_features(fast, DataLoader(dataset, batch_size=256, num_workers=0))]
     return out
 
 
