@@ -80,7 +80,7 @@ def read_checkpoint(path: str | Path, allow_nonfinite: bool = False
         tensors = unwrap_state_dict(torch_load(path))
         if tensors is None:
             raise CheckpointError(f"{path} holds no state dict (a dict of tensors, flat or under one of "
-                                  "'state_dict_ema', 'model_ema', 'state_dict', 'model', 'teacher', 'student')")
+                                  "'state_dict_ema', 'state_dict', 'model', 'model_ema', 'teacher', 'student')")
         meta = {}
     _check_dtypes(tensors, path)
     _check_finite(tensors, path, allow_nonfinite)
