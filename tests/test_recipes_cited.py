@@ -43,6 +43,7 @@ CITED: dict[str, dict[str, tuple[object, str, str]]] = {
         "optim.lr": (5e-3, D106, "lr: 5e-3"),
         "optim.reference_batch": (2048, D106, "Batch size: 2048"),
         "optim.weight_decay": (0.2, D106, "weight-decay: 0.2"),
+        "optim.eps": (1e-8, DEIT_DEFAULT, "--opt-eps 1e-8"),
         "schedule.name": ("cosine", D106, "sched: cosine"),
         "schedule.epochs": (400, D106, "epochs: 400"),
         "schedule.warmup_epochs": (5, D106, "Warmup epochs: 5"),
