@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from ablations import BY_LABEL
 from verdict import RULE, effect, exact_verdict, half_range, verdict
 
 from resmlp.complexity import complexity, count_gmacs, count_params
@@ -175,9 +176,6 @@ def _cell(values: list[float]) -> str:
 
 
 def ablation(m: Ablation, runs: dict[str, list[float]]) -> tuple[str, str]:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from ablations import BY_LABEL  # noqa: PLC0415 (the study's rows: imported only where used)
-
     v = BY_LABEL[m.label]
     if m.paper_delta != v.paper_delta:
         raise ValueError(f"{m.label}: paper delta {m.paper_delta} here, {v.paper_delta} in ablations.py")
