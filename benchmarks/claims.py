@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from ablations import BY_LABEL
+from torch.utils._python_dispatch import TorchDispatchMode
 from verdict import RULE, effect, exact_verdict, half_range, verdict
 
 from resmlp.complexity import complexity, count_gmacs, count_params
