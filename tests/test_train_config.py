@@ -10,7 +10,7 @@ from resmlp.train.config import RECIPES, load_config, parse_overrides
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_shipped_recipes_validate(name, tmp_path):
-    needs_dir = name in ("deit", "old-fashioned", "cifar-finetune")  # ImageNet folders, CIFAR: no default place
+    needs_dir = name in ("deit", "deit-distill", "dino-imagenet", "old-fashioned", "cifar-finetune")  # ImageNet, CIFAR
     cfg = load_config(name, {"data.dir": str(tmp_path)} if needs_dir else None)
     assert cfg.recipe == name
     if cfg.model_name.kind == "preset":  # a timm architecture (the convnet teacher) has no ResMLPConfig
