@@ -58,6 +58,28 @@ def test_layerscale_init_follows_depth():
     assert float(custom.blocks[0].channel_scale.gamma.detach()[0]) == pytest.approx(0.2)
 
 
+# LayerScale's initial value in the authors' code: DeiT's resmlp_models.py (init_scale of resmlp_12/24/36 and
+# resmlpB_24) and timm's mlp_mixer.py (init_values of resmlp_12/24/36/big_24_224); B24 is 1e-6 at 24 blocks
+AUTHORS_LAYERSCALE_INIT = {"resmlp_s12": 0.1, "resmlp_s24": 1e-5, "resmlp_s36": 1e-6, "resmlp_b24": 1e-6,
+                           "resmlp_b24_p8": 1e-6, "resmlp_s12_p8": 0.1, "resmlp_s12_p14": 0.1}
+
+
+@pytest.mark.parametrize("preset", sorted(AUTHORS_LAYERSCALE_INIT))
+def test_presets_start_layerscale_at_the_authors_values(preset):
+    from resmlp.models.registry import model_config
+
+    assert model_config(preset).layerscale_value == AUTHORS_LAYERSCALE_INIT[preset]
+
+
+def test_b24_builds_with_layerscale_at_1e_6():
+    from resmlp.models.registry import model_config
+
+    # a narrow B24 (same preset, smaller input) so the test builds quickly
+    model = ResMLP(model_config("resmlp_b24_p8", img_size=16, depth=2, num_classes=2))
+    gammas = torch.cat([m.gamma.detach() for m in model.modules() if isinstance(m, LayerScale)])
+    torch.testing.assert_close(gammas, torch.full_like(gammas, 1e-6))
+
+
 def test_model_api_shapes(tiny_config):
     model = ResMLP(tiny_config.replace(pos_embed=True)).eval()
     x = torch.randn(3, 3, 32, 32)

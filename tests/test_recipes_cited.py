@@ -43,6 +43,7 @@ CITED: dict[str, dict[str, tuple[object, str, str]]] = {
         "optim.lr": (5e-3, D106, "lr: 5e-3"),
         "optim.reference_batch": (2048, D106, "Batch size: 2048"),
         "optim.weight_decay": (0.2, D106, "weight-decay: 0.2"),
+        "optim.eps": (1e-8, DEIT_DEFAULT, "--opt-eps 1e-8"),
         "schedule.name": ("cosine", D106, "sched: cosine"),
         "schedule.epochs": (400, D106, "epochs: 400"),
         "schedule.warmup_epochs": (5, D106, "Warmup epochs: 5"),
@@ -106,6 +107,47 @@ CITED: dict[str, dict[str, tuple[object, str, str]]] = {
         "train.batch_size": (256, "Table D.1", "Batch size 256"),
         "train.amp": ("fp32", D106, "FP16: False"),
     },
+}
+DEIT_README, DINO = "DeiT README", "DINO default"
+CITED["deit-distill"] = {
+    **CITED["deit"],
+    "distill.teacher": ("timm:regnety_160", "paper 3.1", "the same RegNety-16GF as in DeiT"),
+    "distill.type": ("hard", "Appendix A", "hard-distillation"),
+    "distill.weights": (None, DEIT_README, "--teacher-path .../regnety_160-a5fe301d.pth (the user's download)"),
+}
+CITED["dino-imagenet"] = {
+    "model.name": ("resmlp_s12", "paper 3.2", "We pre-train ResMLP-S12"),
+    "model.img_size": (224, DINO, "global crops of 224"),
+    "model.drop_path_rate": (0.1, DINO, "--drop_path_rate 0.1"),
+    "data.crop_pct": (0.875, DINO, "eval_knn.py: resize 256, center crop 224"),
+    "optim.name": ("adamw", DINO, "--optimizer adamw"),
+    "optim.lr": (5e-4, DINO, "--lr 0.0005"),
+    "optim.reference_batch": (256, DINO, "lr for a reference batch size of 256"),
+    "optim.weight_decay": (0.04, DINO, "--weight_decay 0.04"),
+    "schedule.name": ("cosine", DINO, "cosine_scheduler"),
+    "schedule.epochs": (300, "paper 3.2", "during 300 epochs"),
+    "schedule.warmup_epochs": (10, DINO, "--warmup_epochs 10"),
+    "schedule.warmup_lr": (0.0, DINO, "linear warm-up from 0"),
+    "schedule.min_lr": (1e-6, DINO, "--min_lr 1e-6"),
+    "dino.out_dim": (65536, DINO, "--out_dim 65536"),
+    "dino.hidden_dim": (2048, DINO, "DINOHead hidden_dim 2048"),
+    "dino.bottleneck_dim": (256, DINO, "DINOHead bottleneck_dim 256"),
+    "dino.norm_last_layer": (True, DINO, "--norm_last_layer True"),
+    "dino.num_local": (8, DINO, "--local_crops_number 8"),
+    "dino.global_scale": ([0.4, 1.0], DINO, "--global_crops_scale 0.4 1."),
+    "dino.local_scale": ([0.05, 0.4], DINO, "--local_crops_scale 0.05 0.4"),
+    "dino.local_size": (96, DINO, "local crops of 96 px"),
+    "dino.teacher_temp": (0.04, DINO, "--teacher_temp 0.04"),
+    "dino.warmup_teacher_temp": (0.04, DINO, "--warmup_teacher_temp 0.04"),
+    "dino.warmup_teacher_temp_epochs": (0, DINO, "--warmup_teacher_temp_epochs 0"),
+    "dino.student_temp": (0.1, DINO, "DINOLoss student_temp 0.1"),
+    "dino.center_momentum": (0.9, DINO, "DINOLoss center_momentum 0.9"),
+    "dino.momentum_teacher": (0.996, DINO, "--momentum_teacher 0.996"),
+    "dino.weight_decay_end": (0.4, DINO, "--weight_decay_end 0.4"),
+    "dino.freeze_last_layer_epochs": (1, DINO, "--freeze_last_layer 1"),
+    "train.batch_size": (1024, DINO, "--batch_size_per_gpu 64 on 2 nodes x 8 GPUs"),
+    "train.clip_grad": (3.0, DINO, "--clip_grad 3.0"),
+    "train.amp": ("auto", DINO, "--use_fp16 True (mixed precision)"),
 }
 # keys that are not hyper-parameters of the method (where the data is, how many loader workers, how often to save,
 # the preset a fine-tuning run replaces by its checkpoint) or that are off and not stated (EMA): no citation needed
@@ -200,3 +242,17 @@ def test_cifar_finetune_runs_on_the_python_layout(tmp_path):
     model, meta = resmlp.load(summary["checkpoint"]), resmlp.read_metadata(summary["checkpoint"])
     assert model.head.out_features == 5 and meta["class_names"][4] == "class4"  # the new head: CIFAR's classes
     assert meta["preprocess"]["crop_pct"] == 0.875 and meta["preprocess"]["img_size"] == 32
+
+
+@pytest.mark.parametrize(("val_size", "train_images", "validation"), [(5, 16, "carved from train"),
+                                                                      (0, 21, "the test split")])
+def test_cifar_finetune_trains_on_all_images_with_val_size_0(tmp_path, val_size, train_images, validation):
+    """The recipe's header names --set data.val_size=0 as the way to train on every training image, as DeiT did
+    (the test split becomes the per-epoch metric); the default holds images out for model selection."""
+    from resmlp.data.assemble import build_data
+
+    data = _cifar100(tmp_path / "data", n_train=21)
+    cfg = load_config("cifar-finetune", {"data.dir": str(data), "data.val_size": val_size, "data.num_workers": 0})
+    run = build_data(cfg.data, in_chans=3, img_size=32, seed=0)
+    assert len(run.train) == train_images and validation in run.validation
+    assert "data.val_size=0" in _text("cifar-finetune")

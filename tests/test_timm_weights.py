@@ -141,6 +141,19 @@ def test_ema_files_load(tmp_path):
     torch.testing.assert_close(_logits(model, X), _logits(ema, X))  # EMA weights first, as timm's loaders
 
 
+def test_deit_training_checkpoints_load_model_as_deit_evaluates(tmp_path):
+    # DeiT's main.py saves {'model', 'model_ema', 'optimizer', ...}; its --eval and --resume load ['model']
+    raw = make_trained_like_(DeitResMLP())
+    ema = make_trained_like_(DeitResMLP(), seed=5)
+    torch.save({"model": raw.state_dict(), "model_ema": ema.state_dict(), "epoch": 3}, tmp_path / "checkpoint.pth")
+    loaded = resmlp.create_model("resmlp_s12", checkpoint_path=tmp_path / "checkpoint.pth", **SMALL)
+    torch.testing.assert_close(_logits(loaded, X), _logits(raw, X), rtol=1e-4, atol=1e-5)
+    # the EMA stays reachable by name
+    chosen = timm.create_model("resmlp_s12", pretrained=True, pretrained_cfg_overlay=dict(
+        file=str(tmp_path / "checkpoint.pth"), checkpoint_key="model_ema"), **SMALL)
+    torch.testing.assert_close(_logits(chosen, X), _logits(ema, X), rtol=1e-4, atol=1e-5)
+
+
 def test_pretrained_from_the_hub_cache_offline(tmp_path, monkeypatch):
     import huggingface_hub.constants as hf
 

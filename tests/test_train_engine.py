@@ -74,6 +74,15 @@ def test_no_weight_decay_on_affine_layerscale_bias():
     assert any(n.endswith(".alpha") for n, _ in trainer.model.named_parameters())
 
 
+@pytest.mark.parametrize(("name", "eps", "expected"), [("lamb", 1e-8, 1e-8), ("lamb", None, 1e-6),
+                                                      ("adamw", 1e-7, 1e-7)])
+def test_optimizer_epsilon_from_the_config(name, eps, expected):
+    # the `deit` recipe's LAMB epsilon is DeiT main.py's --opt-eps 1e-8; unset, timm's default for the optimizer
+    cfg = load_config("fashion-mnist-quick", {**TINY, "optim.name": name, "optim.eps": eps})
+    trainer = Trainer(cfg, Path("/nonexistent-run"), CPU, False, task_for(cfg))
+    assert {g["eps"] for g in trainer.optimizer.param_groups} == {expected}
+
+
 def initial_weights(overrides: dict) -> dict[str, torch.Tensor]:
     """The weights a run with these overrides starts from (same seed, same construction as train())."""
     cfg = load_config("fashion-mnist-quick", overrides)

@@ -23,6 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = t.add_mutually_exclusive_group()  # one is needed, except to --resume a run (its config.json has it)
     src.add_argument("--task", choices=("numbers-en-de", "numbers-en-fr"), help="built-in number-words task")
     src.add_argument("--data", help="directory of {train,valid,test}.{SRC,TGT} files, a sentence per line")
+    from resmlp.seq2seq.recipes import RECIPES
+
+    t.add_argument("--recipe", choices=sorted(RECIPES), action=_ApplyRecipe,
+                   help="the paper's WMT14 setup (section 3.6; sources in resmlp/seq2seq/recipes.py): sets "
+                        "--preset --optimizer --lr --warmup-steps --label-smoothing --dropout --layerscale-init "
+                        "--beam --lenpen --vocab-size --max-minutes; give it first: flags after it override it")
     t.add_argument("--src-suffix", default="src", help="source file suffix, e.g. en (default src)")
     t.add_argument("--tgt-suffix", default="tgt", help="target file suffix, e.g. de (default tgt)")
     t.add_argument("--train-size", type=int, default=50_000, help="training pairs of the built-in task")
@@ -76,6 +82,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--precision", choices=("fp32", "bf16", "fp16", "auto"), default="fp32", help="autocast")
     d.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     d.set_defaults(run=run_translate_decode)
+
+
+class _ApplyRecipe(argparse.Action):
+    """`--recipe NAME`: the recipe's values become the flags' values; flags after it override them. A flag it sets
+    that came before it is refused rather than silently replaced."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, name: object,
+                 option_string: str | None = None) -> None:
+        from resmlp.seq2seq.recipes import recipe_values
+
+        values = recipe_values(str(name))
+        earlier = [f"--{k.replace('_', '-')}" for k in values if getattr(namespace, k) != parser.get_default(k)]
+        if earlier:
+            parser.error(f"{', '.join(earlier)} came before --recipe {name}, which sets it: put --recipe first so "
+                         "the flags after it override its values")
+        for key, value in values.items():
+            setattr(namespace, key, value)
+        setattr(namespace, self.dest, name)
 
 
 def _decode_args(p: argparse.ArgumentParser) -> None:

@@ -6,9 +6,9 @@ Formats (detected from the keys):
 - ``deit_resmlp``: the DeiT repository's (``attn``, ``gamma_1``, ``patch_embed.proj``), every Affine and
   LayerScale 1-D, flat or under ``model``.
 - ``timm_mixer``: timm's MLP-Mixer (``mlp_tokens``, ``mlp_channels``).
-Training checkpoints wrap the weights: timm's (``state_dict``, ``state_dict_ema``), DeiT's (``model``,
-``model_ema``), DINO's (``teacher`` / ``student``, keys under ``backbone.`` and ``module.``);
-`unwrap_state_dict` finds them.
+Training checkpoints wrap the weights: timm's (``state_dict``, ``state_dict_ema``: the EMA is taken), DeiT's
+(``model``, ``model_ema``: ``model`` is taken, as DeiT evaluates), DINO's (``teacher`` / ``student``, keys
+under ``backbone.`` and ``module.``); `unwrap_state_dict` finds them.
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ TOP_NAMES: dict[str, dict[str, str]] = {"deit_resmlp": {"stem.": "patch_embed."}
 # timm stores Affine parameters as (1, 1, dim); DeiT (and this project) as (dim,)
 AFFINE_3D = ("timm_resmlp",)
 
-# where training checkpoints keep the weights, in the order they are preferred: EMA weights first, as
-# timm's load_checkpoint(use_ema=True) and validate.py do, then the raw weights, then DINO's teacher (the
-# network DINO evaluates) before its student
-WRAPPER_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model", "teacher", "student", "module")
+# where training checkpoints keep the weights, in the order they are preferred: each code base's own choice.
+# timm's train.py files (state_dict, state_dict_ema): the EMA, as timm's load_checkpoint(use_ema=True) and
+# validate.py take it. DeiT's main.py files (model, model_ema): `model`, the weights DeiT's --eval and
+# --resume load and report; their `model_ema` only by name (checkpoint_key="model_ema"). DINO's: the
+# teacher (the network DINO evaluates) before its student.
+WRAPPER_KEYS = ("state_dict_ema", "state_dict", "model", "model_ema", "teacher", "student", "module")
 
 
 class UnrecognisedFormat(CheckpointError):

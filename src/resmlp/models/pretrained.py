@@ -98,7 +98,7 @@ def _from_hub(repo_id: str, cache_dir: str | Path | None) -> tuple[Path | None, 
 
 def read_weights(path: str | Path, checkpoint_key: str | None = None) -> dict[str, torch.Tensor]:
     """The state dict in a weight file (any supported layout, read weights-only); checkpoint_key picks an
-    entry of a training checkpoint (DINO's 'teacher' or 'student', 'model_ema'...)."""
+    entry of a training checkpoint (DINO's 'teacher' or 'student', DeiT's 'model_ema'...)."""
     from resmlp.checkpoint import CheckpointError, read_checkpoint, torch_load
     from resmlp.models.formats import unwrap_state_dict
 

@@ -11,7 +11,9 @@ from resmlp.models.mixer import MIXER_PRESETS
 from resmlp.models.resmlp import ResMLP, ResMLPConfig
 
 _S = dict(dim=384)
-_B = dict(dim=768)
+# the authors start B24's LayerScale at 1e-6 although it has 24 blocks (S24: 1e-5): DeiT's resmlp_models.py
+# resmlpB_24 (init_scale=1e-6) and timm's resmlp_big_24 (init_values=1e-6)
+_B = dict(dim=768, layerscale_init=1e-6)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "resmlp_s12": dict(_S, depth=12),

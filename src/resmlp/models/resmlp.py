@@ -58,7 +58,9 @@ def _is_number(value: Any) -> bool:
 
 
 def default_layerscale_init(depth: int) -> float:
-    """LayerScale init by depth, as the authors use it: 0.1 up to 12 blocks, 1e-5 up to 24, else 1e-6."""
+    """LayerScale init by depth, as the authors' S12/S24/S36 use it: 0.1 up to 12 blocks, 1e-5 up to 24, else 1e-6.
+
+    The authors' B24 (width 768, 24 blocks) starts at 1e-6 instead: its presets set `layerscale_init`."""
     if depth <= 12:
         return 0.1
     if depth <= 24:

@@ -18,6 +18,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,22 +182,35 @@ def translate(
     return out
 
 
-def _compound_split_tokens(text: str) -> str:
-    """Tokens as the paper's scoring saw them: 13a tokenisation, hyphens split as ##AT##-##AT##."""
-    tokens = sacrebleu.tokenizers.tokenizer_13a.Tokenizer13a()(text)
-    return tokens.replace("-", " ##AT##-##AT## ")
+def paper_tokenizer(lang: str = "en") -> tuple[str, Callable[[str], str]]:
+    """The tokenizer of the paper's tokenized BLEU: the Moses tokenizer, as fairseq's WMT14 preparation (Ott et
+    al.) used it, where sacremoses is installed; otherwise sacreBLEU's 13a, the closest one at hand. Returns
+    (name, function)."""
+    try:
+        from sacremoses import MosesTokenizer
+    except ImportError:
+        return "13a (sacremoses not installed)", sacrebleu.tokenizers.tokenizer_13a.Tokenizer13a()
+    moses = MosesTokenizer(lang=lang)
+    return "moses", lambda text: moses.tokenize(text, return_str=True, escape=False)
 
 
-def scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
+def _compound_split_tokens(text: str, tokenize: Callable[[str], str]) -> str:
+    """Tokens as the paper's scoring saw them: hyphens split as ##AT##-##AT## (fairseq's compound_split_bleu.sh)."""
+    return tokenize(text).replace("-", " ##AT##-##AT## ")
+
+
+def scores(hyps: list[str], refs: list[str], lang: str = "en") -> dict[str, Any]:
     """sacreBLEU BLEU and chrF on detokenised text, exact match (%), and tokenized_bleu, the paper's
-    Table 5 variant (BLEU over 13a tokens with compound splitting; not comparable with sacreBLEU)."""
+    Table 5 variant (BLEU over Moses tokens, or 13a without sacremoses, with compound splitting; not comparable
+    with sacreBLEU), with the tokenizer it used and sacreBLEU's signature."""
     bleu, chrf, tok_bleu = sacrebleu.BLEU(), sacrebleu.CHRF(), sacrebleu.BLEU(tokenize="none", force=True)
-    split_hyps = [_compound_split_tokens(h) for h in hyps]
-    split_refs = [_compound_split_tokens(r) for r in refs]
+    tokenizer, tokenize = paper_tokenizer(lang)
+    split_hyps = [_compound_split_tokens(h, tokenize) for h in hyps]
+    split_refs = [_compound_split_tokens(r, tokenize) for r in refs]
     exact = 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs, strict=True)) / max(1, len(refs))
     return {"bleu": bleu.corpus_score(hyps, [refs]).score, "chrf": chrf.corpus_score(hyps, [refs]).score,
             "exact_match": exact, "tokenized_bleu": tok_bleu.corpus_score(split_hyps, [split_refs]).score,
-            "bleu_signature": str(bleu.get_signature())}
+            "tokenized_bleu_tokens": tokenizer, "bleu_signature": str(bleu.get_signature())}
 
 
 # ---------------------------------------------------------------------------------------- training
@@ -376,7 +390,8 @@ def evaluate_translation(model: Seq2SeqBase, tok: Tokenizer, data: Path, split: 
     t0 = time.time()
     hyps = translate(model, tok, src, beam=cfg.beam, lenpen=cfg.lenpen, precision=cfg.precision,
                      progress=progress)
-    result = {**scores(hyps, ref), "decode_seconds": round(time.time() - t0, 1), "sentences": len(ref),
+    lang = cfg.tgt_suffix if cfg.tgt_suffix.isalpha() and len(cfg.tgt_suffix) == 2 else "en"  # e.g. de, fr
+    result = {**scores(hyps, ref, lang), "decode_seconds": round(time.time() - t0, 1), "sentences": len(ref),
               "beam": cfg.beam, "lenpen": cfg.lenpen}
     if out is not None:
         atomic_write(out / f"{split}.hyp", lambda p: p.write_text("".join(h + "\n" for h in hyps),

@@ -59,6 +59,7 @@ class OptimConfig:
     reference_batch: int | None = None  # lr belongs to this global batch; scaled linearly. None: as is
     weight_decay: float = 0.05
     momentum: float = 0.9  # sgd only
+    eps: float | None = None  # lamb / adamw epsilon; None: timm's default for the optimizer (Lamb 1e-6, AdamW 1e-8)
     layer_decay: float | None = None  # layer-wise lr decay (e.g. 0.75, fine-tuning); None: off
 
 

@@ -121,7 +121,8 @@ class Trainer:
         self.optimizer = create_optimizer_v2(self.model, opt=opt_name, lr=self.lr,
                                              weight_decay=cfg.optim.weight_decay, momentum=cfg.optim.momentum,
                                              filter_bias_and_bn=True, layer_decay=cfg.optim.layer_decay,
-                                             **optimizer_options(opt_name, self.info.device))
+                                             **optimizer_options(opt_name, self.info.device),
+                                             **({} if cfg.optim.eps is None else {"eps": cfg.optim.eps}))
         s = cfg.schedule
         self.scheduler, _ = create_scheduler_v2(
             self.optimizer, sched=s.name, num_epochs=s.epochs, decay_epochs=s.decay_epochs, decay_rate=s.decay_rate,

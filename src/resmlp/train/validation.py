@@ -37,7 +37,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "data.num_workers": (0, 256), "data.mixup": (0, 100), "data.cutmix": (0, 100), "optim.weight_decay": (0, 100),
     "schedule.warmup_epochs": (0, 100_000), "schedule.decay_epochs": (0, 100_000),
     "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
-    "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1),
+    "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1), "optim.eps": (0, 1),
     "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
     "schedule.decay_rate": (0, 1),
     "train.batch_size": (1, 1 << 20), "train.grad_accum": (1, 65536), "train.threads": (1, 4096),
@@ -291,6 +291,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
     need(o.reference_batch is None or o.reference_batch > 0, "optim.reference_batch must be > 0 or null")
     need(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
+    need(o.eps is None or o.eps > 0, f"optim.eps must be > 0 or null, got {o.eps}")
     need(s.name in ("cosine", "step"), f"schedule.name: {s.name!r} is not one of cosine, step")
     need(s.epochs >= 1, f"schedule.epochs must be >= 1, got {s.epochs}")
     need(0 <= s.warmup_epochs < s.epochs,
