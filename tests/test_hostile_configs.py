@@ -61,9 +61,7 @@ def test_a_timm_model_that_cant_take_its_arguments_is_a_config_error_naming_them
 
 
 def test_the_memory_estimate_counts_the_confusion_matrix_and_the_dino_head(monkeypatch):
-    from resmlp.train import validation
-
-    monkeypatch.setattr(validation, "physical_memory_bytes", lambda: 4 << 30)
+    monkeypatch.setattr("resmlp.runtime.physical_memory_bytes", lambda: 4 << 30)
     tiny = {"data.kind": "synthetic", "model.img_size": 16, "model.patch_size": 4, "model.dim": 16,
             "model.depth": 1}
     load_config(QUICK, tiny)  # fits

@@ -81,8 +81,8 @@ def test_the_memory_estimate_is_a_lower_bound_and_refuses_what_cannot_fit(monkey
     params = count_params(create_model("resmlp_s12", img_size=32, patch_size=8, dim=32, depth=2, num_classes=10))
     # at batch 1 the estimate is mostly weights, gradients and one moment: never above four copies of them
     assert training_memory_bytes(config, 1) < 4 * 4 * params + 1e6
-    monkeypatch.setattr("resmlp.train.validation.physical_memory_bytes", lambda: 2**30)
-    with pytest.raises(ConfigError, match=r"needs at least .* GiB .* more than this machine's 1.0 GiB; lower "
+    monkeypatch.setattr("resmlp.runtime.physical_memory_bytes", lambda: 2**30)
+    with pytest.raises(ConfigError, match=r"needs at least .* GiB .* more than this device's 1.0 GiB; lower "
                                           "train.batch_size"):
         load_config("fashion-mnist-quick", [*QUICK, "model.dim=4096", "model.depth=48"])
     load_config("fashion-mnist-quick", QUICK)  # the quick recipe fits in 1 GiB

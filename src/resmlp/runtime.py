@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from resmlp.errors import ConfigError
-from resmlp.hostinfo import native_bf16, usable_cores
+from resmlp.hostinfo import native_bf16, physical_memory_bytes, usable_cores
 
 AMP_CHOICES = ("auto", "bf16", "fp16", "fp32", "none")  # fp32 and none: the same (none: the older word)
 
@@ -265,3 +265,14 @@ def to_device(images: torch.Tensor | list[torch.Tensor], device: torch.device,
         return [to_device(crop, device, channels_last) for crop in images]
     images = images.to(device, non_blocking=True)
     return images.contiguous(memory_format=torch.channels_last) if channels_last else images
+
+
+def training_device_memory_bytes(device: str) -> int | None:
+    """The memory a run on `device` trains in: its GPU's where the device is (or `auto` finds) a GPU, else the
+    machine's."""
+    gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if gpu and torch.cuda.is_available():
+        index = int(device.split(":")[1]) if ":" in device else int(os.environ.get("LOCAL_RANK", "0"))
+        if index < torch.cuda.device_count():
+            return torch.cuda.get_device_properties(index).total_memory
+    return physical_memory_bytes()

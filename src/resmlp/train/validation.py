@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import types
 import typing
@@ -23,9 +24,8 @@ from resmlp.build import build_model, check_constructor_keys, parse_model_name
 from resmlp.complexity import dino_memory_bytes, evaluation_memory_bytes, training_memory_bytes
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
-from resmlp.hostinfo import physical_memory_bytes
 from resmlp.preprocess import INTERPOLATIONS
-from resmlp.runtime import DEVICE_NAME
+from resmlp.runtime import DEVICE_NAME, training_device_memory_bytes
 from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
 from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
 
@@ -125,18 +125,18 @@ def _check_memory(cfg: TrainConfig) -> list[str]:
         config = cfg.model_config(cfg.data.synthetic_classes if cfg.data.kind == "synthetic" else None)
     except (ValueError, TypeError):
         return []  # _check_model reports it
-    micro_batch = max(1, cfg.train.batch_size // cfg.train.grad_accum)
+    micro_batch = max(1, cfg.train.batch_size // (cfg.train.grad_accum * int(os.environ.get("WORLD_SIZE", "1"))))
     dn = cfg.dino
     dino = 0 if cfg.task_name != "dino" else dino_memory_bytes(
         config.dim, dn.out_dim, dn.hidden_dim, dn.bottleneck_dim, 2 + dn.num_local, config.img_size, micro_batch)
     need = training_memory_bytes(config, micro_batch) + evaluation_memory_bytes(config.num_classes) + dino
-    have = physical_memory_bytes()
+    have = training_device_memory_bytes(cfg.train.device)  # one process's share (WORLD_SIZE) on its device
     if have is None or need <= have:
         return []
     return [f"model: training {cfg.model['name']} (dim {config.dim}, depth {config.depth}, {config.img_size} px, "
             f"{config.num_classes} classes{', with DINO' if dino else ''}) at a batch of {micro_batch} needs at least "
             f"{need / 2**30:.1f} GiB for weights, optimizer state, activations and the evaluation's confusion "
-            f"matrix, more than this machine's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
+            f"matrix, more than this device's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
             "train.grad_accum), model.dim, model.depth, model.img_size, the classes or dino.out_dim"]
 
 
