@@ -26,6 +26,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
@@ -407,6 +408,9 @@ def fake_cuda() -> Iterator[Ledger]:
         mock.patch("torch.cuda.set_device", lambda device: None),
         mock.patch("torch.cuda.get_device_name", lambda *a: "fake CUDA (tests/fakecuda.py)"),
         mock.patch("torch.cuda.is_bf16_supported", lambda *a, **k: True),
+        mock.patch("torch.cuda.get_device_properties",
+                   lambda *a: SimpleNamespace(name="fake CUDA", total_memory=80 * 2**30, major=9, minor=0,
+                                              multi_processor_count=132)),
         mock.patch("torch.cuda.synchronize", synchronize),
         mock.patch("torch.cuda.Stream", _Stream),
         mock.patch("torch.cuda.Event", _Event),
