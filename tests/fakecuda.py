@@ -39,7 +39,8 @@ FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch
              torch.randperm, torch.arange, torch.linspace, torch.tensor, torch.as_tensor, torch.eye,
              torch.empty_strided, torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like,
              torch.rand_like, torch.randn_like, torch.scalar_tensor}
-READS = {torch.Tensor.item: "item", torch.Tensor.tolist: "tolist", torch.Tensor.__bool__: "bool",
+# tolist is FakeTensor's own method (patched in fake_cuda), not routed through __torch_function__
+READS = {torch.Tensor.item: "item", torch.Tensor.__bool__: "bool",
          torch.Tensor.__float__: "float", torch.Tensor.__int__: "int", torch.Tensor.__index__: "index",
          torch.Tensor.numpy: "numpy"}
 
@@ -158,9 +159,6 @@ class FakeCudaRouter(TorchFunctionMode):
                 return func(*args, **kwargs)
         if func in READS and args and is_fake_cuda(args[0]):
             self.ledger.record("read", f"{READS[func]}() of {tuple(args[0].shape)}")
-            if func is torch.Tensor.tolist:
-                return torch.full(args[0].shape, READ_FILL).to(torch.bool if args[0].dtype == torch.bool
-                                                               else torch.float64).tolist()
             if func is torch.Tensor.numpy:
                 return _real_zeros(args[0]).numpy()
             return {"bool": False, "float": float(READ_FILL)}.get(READS[func], READ_FILL)

@@ -22,11 +22,12 @@ import pytest
 import torch
 from fakecuda import HostWriteFromDevice, Ledger, fake_cuda, is_fake_cuda
 from test_data import write_idx
+from test_train_device_loop import guarded_step
 from timm.optim import create_optimizer_v2
 
 import resmlp
 from resmlp.cli import main
-from resmlp.train.step import RunningTotals, UpdateGuard, all_finite, optimizer_options, total_grad_norm
+from resmlp.train.step import RunningTotals, UpdateGuard, optimizer_options
 
 # tiny runs: 32 training images, batch 8 -> 4 steps an epoch, 2 epochs (a per-epoch copy shows twice)
 COMMON = {
@@ -161,14 +162,7 @@ def test_a_non_finite_step_on_the_gpu_is_undone_without_a_host_read(opt):
                                         **optimizer_options(opt, torch.device("cuda", 0)))
         guard, totals = UpdateGuard(model, optimizer, device), RunningTotals(torch.device("cuda", 0))
         for step, scale in enumerate([1.0, math.nan]):
-            loss = model(torch.randn(4, 6, device=device)).pow(2).mean() * scale
-            loss.backward()
-            ok = all_finite(loss.detach(), total_grad_norm(model, None))
-            before = guard.before_step()
-            optimizer.step()
-            guard.after_step(before, ok)
-            optimizer.zero_grad(set_to_none=True)
-            totals.add(loss.detach(), ok, step)
+            totals.add(*guarded_step(model, optimizer, guard, torch.randn(4, 6, device=device), scale), step)
         assert [e for e in ledger.events if e.kind != "unpinned-host-to-device"] == []  # no read, no copy back
         assert all(is_fake_cuda(p) for p in model.parameters())
         state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]

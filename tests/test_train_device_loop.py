@@ -107,14 +107,7 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_state_as_they_were(opt):
     guard = UpdateGuard(model, optimizer, torch.device("cpu"))
 
     def step(scale: float) -> torch.Tensor:
-        loss = model(torch.randn(4, 6)).pow(2).mean() * scale
-        loss.backward()
-        ok = all_finite(loss.detach(), total_grad_norm(model, None))
-        before = guard.before_step()
-        optimizer.step()
-        guard.after_step(before, ok)
-        optimizer.zero_grad(set_to_none=True)
-        return ok
+        return guarded_step(model, optimizer, guard, torch.randn(4, 6), scale)[1]
 
     assert not step(math.nan)  # the very first step: the state it created goes back to zero
     assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -131,6 +124,18 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_state_as_they_were(opt):
         assert any("step" in key for key in state)
     assert step(1.0)  # and a good step moves the weights again
     assert not all(torch.equal(a, p) for a, p in zip(weights, model.parameters(), strict=True))
+
+
+def guarded_step(model, optimizer, guard: UpdateGuard, inputs: torch.Tensor, scale: float):
+    """One optimizer step of a loss scaled by `scale` (NaN/inf: a non-finite step) under `guard`: (loss, ok)."""
+    loss = model(inputs).pow(2).mean() * scale
+    loss.backward()
+    ok = all_finite(loss.detach(), total_grad_norm(model, None))
+    before = guard.before_step()
+    optimizer.step()
+    guard.after_step(before, ok)
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach(), ok
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

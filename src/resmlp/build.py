@@ -153,8 +153,6 @@ def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans:
 def _construct(name: ModelName, overrides: dict[str, Any], make) -> nn.Module:
     """`make()`, with a constructor's refusal of its arguments (TypeError, ValueError, AssertionError...) as a
     ConfigError naming the model and the model.* keys given: they are what the user can change."""
-    from resmlp.errors import ConfigError
-
     try:
         return make()
     except MemoryError:
