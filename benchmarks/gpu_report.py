@@ -303,7 +303,14 @@ def main() -> None:
     parser.add_argument("--merge", type=Path, nargs="+", help="gpu_report.json files to merge into one report")
     args = parser.parse_args()
     if args.merge:
-        reports = [json.loads(p.read_text()) for p in args.merge]
+        reports = []
+        for path in args.merge:  # a report of another tool, or one cut short, is one line, not a traceback
+            try:
+                report = json.loads(path.read_text())
+                assert isinstance(report.get("machines"), list) and isinstance(report.get("parts"), dict)
+            except (OSError, ValueError, AttributeError, AssertionError) as err:
+                parser.error(f"--merge {path}: not a gpu_report.json ({err or 'no machines/parts'})")
+            reports.append(report)
         merged = {"machines": [m for r in reports for m in r["machines"]],
                   "parts": {k: v for r in reports for k, v in r["parts"].items()}}
         write_report(merged, args.out)

@@ -161,3 +161,15 @@ def test_the_gpu_report_dry_runs_every_part_on_the_cpu_and_merges(tmp_path):
         "parameter_mib"]  # the moments are in the guard's copy
     markdown = (tmp_path / "m" / "gpu_report.md").read_text()
     assert all(f"## {name}: ok" in markdown for name in first + second) and markdown.count("| torch |") == 2
+
+
+def test_the_gpu_report_refuses_a_damaged_report_to_merge_in_one_line(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "cut.json").write_text('{"machines": [')
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    for bad in ("cut.json", "other.json"):
+        done = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_report.py"), "--merge",
+                               str(tmp_path / bad), "--out", str(tmp_path / "m")], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2 and "not a gpu_report.json" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "m").exists()
