@@ -4,8 +4,9 @@ Every file a user hands us (a model's weights, a training state, a translation c
 `read_torch_file` or `read_state_dict`, which refuse before touching data what a loader would turn into a
 traceback, a hang or an allocation far beyond the file's size:
 
-- a torch zip whose records are compressed or claim more bytes than they hold (torch.save writes every record
-  stored, so a record is never larger than the file), or a legacy (pre-zip) torch file, whose loader allocates
+- a torch zip whose records are compressed, claim more bytes than they hold or share bytes with each other
+  (torch.save writes every record once and stored, so all records together are never larger than the file:
+  the memory a load takes is bounded by the file's size), or a legacy (pre-zip) torch file, whose loader allocates
   each storage at the size its pickle claims before reading a byte;
 - every loader exception (a weights-only pickle calling an allowed callable with wrong arguments, a bad
   header...) becomes one CheckpointError line naming the file;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import pickle
+import struct
 import warnings
 import zipfile
 from collections.abc import Sequence
@@ -134,9 +136,12 @@ def unreadable_safetensors(path: Path, error: Exception) -> CheckpointError:
 
 
 def _check_zip_records(path: Path) -> None:
-    """torch.save's zip: every record stored (never compressed) within the file. A deflated record would be
-    inflated to whatever size it declares (2 GiB from a 2 MB file); miniz and Python's zipfile both take the
-    sizes from the central directory, which is what is checked here."""
+    """torch.save's zip: every record stored (never compressed), within the file, and no two records sharing
+    bytes. A deflated record would be inflated to whatever size it declares (2 GiB from a 2 MB file); records
+    pointing at one stored record would each be read into a storage of their own (250 entries sharing a 4 MiB
+    record: 1 GiB). With records disjoint and stored, what torch allocates is at most the file's size. miniz
+    and Python's zipfile both take the offsets and sizes from the central directory, which is what is checked
+    here, with each record's local header (whose name and extra fields come before its data)."""
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"{path} is truncated or not a PyTorch checkpoint in torch.save's zip format (legacy "
                               "files of PyTorch < 1.6 are refused too: their loader allocates each tensor at the "
@@ -157,6 +162,37 @@ def _check_zip_records(path: Path) -> None:
         if record.file_size != record.compress_size or record.header_offset + record.file_size > size:
             raise CheckpointError(f"{path}: record {record.filename!r} claims {record.file_size} bytes, more than "
                                   f"the file holds ({size} bytes); the file is truncated or crafted")
+    _check_disjoint(path, size, records)
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then (after 22 bytes) name and extra field lengths
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+
+
+def _check_disjoint(path: Path, size: int, records: list[zipfile.ZipInfo]) -> None:
+    """Each record's bytes (local header, name, extra field, data) lie inside the file and after the previous
+    record's: no two records share a byte, so together they hold at most the file's size."""
+    spans = []
+    with open(path, "rb") as f:
+        for record in records:
+            f.seek(record.header_offset)
+            header = f.read(_LOCAL_HEADER.size)
+            if len(header) < _LOCAL_HEADER.size or header[:4] != _LOCAL_SIGNATURE:
+                raise CheckpointError(f"{path}: record {record.filename!r} has no local header at offset "
+                                      f"{record.header_offset}; the file is truncated or crafted")
+            _, name_len, extra_len = _LOCAL_HEADER.unpack(header)
+            end = record.header_offset + _LOCAL_HEADER.size + name_len + extra_len + record.compress_size
+            spans.append((record.header_offset, end, record.filename))
+    spans.sort()
+    for (_, end, name), (start, _, other) in zip(spans, spans[1:], strict=False):
+        if start < end:
+            raise CheckpointError(f"{path}: records {name!r} and {other!r} overlap (share bytes from offset "
+                                  f"{start}); torch.save writes each record once, so the file was crafted to be "
+                                  "read as more data than it holds: re-save it with torch.save")
+    total = sum(end - start for start, end, _ in spans)
+    if total > size or max((end for _, end, _ in spans), default=0) > size:
+        raise CheckpointError(f"{path}: its records claim {total} bytes, more than the file holds ({size} bytes); "
+                              "the file is truncated or crafted")
 
 
 # ------------------------------------------------------------------------------------------ tensors

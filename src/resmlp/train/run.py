@@ -54,7 +54,9 @@ def finetune(checkpoint: str | Path, recipe: str | Path | dict | TrainConfig, ou
     checkpoint = resolve_checkpoint(checkpoint)  # a file, or a run folder's best.safetensors (as eval takes)
     # the checkpoint replaces the recipe's model: its keys that do not apply are dropped with a note
     raw = load_config(recipe, {**parse_overrides(overrides), "model.name": str(Path(checkpoint).resolve())}).to_dict()
-    raw["finetune"] = dict(img_size=img_size, freeze=freeze)
+    # a flag given wins; one not given keeps the recipe's value (a resumed run's own, from its config.json)
+    given = {k: v for k, v in dict(img_size=img_size, freeze=freeze).items() if v is not None}
+    raw["finetune"] = {**raw.get("finetune", {}), **given}
     if layer_decay is not None:
         raw["optim"]["layer_decay"] = layer_decay
     return train(raw, output_dir, resume=resume)

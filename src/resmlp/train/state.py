@@ -55,7 +55,7 @@ def load_state(path: str | Path) -> dict[str, Any]:
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat = {}
     for key, value in config.items():
-        if isinstance(value, dict) and key != "model":
+        if isinstance(value, dict):  # model too: a difference names model.drop_path_rate, not the whole section
             flat.update(_flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
