@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from resmlp.errors import ConfigError
+from resmlp.models.constructor_args import check_constructor_args, class_scores_problem
 from resmlp.models.torchvision_models import RepeatChannels
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
@@ -87,17 +88,21 @@ def keys_not_applying(name: ModelName, keys: list[str]) -> list[str]:
 def check_constructor_keys(name: ModelName, overrides: dict[str, Any]) -> str | None:
     """Why a timm:/torchvision: model cannot be built with these model keys or take the images they imply
     (None when it can), found by building it and running it once on the meta device, which allocates and
-    computes nothing: before any data is read."""
+    computes nothing: before any data is read. The output must be one row of class scores per image: keys such
+    as global_pool='' build a model whose output is a feature map, which training could only fail on."""
     if name.kind not in ("timm", "torchvision") or not overrides:
         return None
     in_chans, img_size = model_input(name, overrides)
+    keys = ", ".join(f"model.{k}={v!r}" for k, v in overrides.items())
     try:
+        check_constructor_args(overrides, str(name))
         with torch.device("meta"), torch.no_grad():
-            build_model_for_input(name, **overrides)(torch.empty(2, in_chans, img_size, img_size))
+            model = build_model_for_input(name, **overrides)
+            out = model(torch.empty(2, in_chans, img_size, img_size))
     except Exception as e:  # a model fails in its own words (TypeError, AssertionError, AttributeError...)
-        keys = ", ".join(f"model.{k}={v!r}" for k, v in overrides.items())
         return f"{name} cannot be built with {keys}: {' '.join(str(e).split())[:300]}"
-    return None
+    problem = class_scores_problem(out, overrides.get("num_classes", getattr(model, "num_classes", None)))
+    return f"{name} with {keys} {problem}" if problem else None
 
 
 def build_model_for_input(spec: str | ModelName, **kwargs: Any) -> nn.Module:
@@ -133,6 +138,8 @@ def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans:
         if not Path(name.name).is_file():
             raise FileNotFoundError(f"checkpoint {name.name} does not exist")
         return load(name.name, **overrides)
+    if name.kind in ("timm", "torchvision"):  # plain, bounded values only: no paths, loaders, giant depths
+        check_constructor_args(overrides, f"{name}")
     if name.kind == "timm":
         import timm
 

@@ -25,6 +25,7 @@ from resmlp.checkpoint_reader import (
     read_torch_file,
 )
 from resmlp.fileio import atomic_write  # noqa: F401 (moved to resmlp.fileio; importable here as before)
+from resmlp.models.constructor_args import check_constructor_args, class_scores_problem
 from resmlp.models.formats import (  # noqa: F401 (the key maps are part of this module's API)
     FORMATS,
     CheckpointError,
@@ -287,6 +288,7 @@ def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: d
     import timm
 
     name, kwargs = spec["name"], {**spec["kwargs"], **overrides}
+    check_constructor_args(kwargs, f"{path}: timm model {name}", CheckpointError)
     if not timm.is_model(name):
         raise CheckpointError(f"{path}: its metadata names timm model {name!r}, which timm "
                               f"{timm.__version__} does not know")
@@ -301,6 +303,7 @@ def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: d
     except Exception as e:  # timm raises TypeError/ValueError/AssertionError... for arguments it can't take
         raise CheckpointError(f"{path}: timm can't build {name} with {kwargs} ({type(e).__name__}: {e})") from None
     _check_fits(skeleton, tensors, path, ignore_head=False)
+    _check_class_scores(skeleton, kwargs.get("in_chans", 3), kwargs.get("img_size"), path)
     model = timm.create_model(name, pretrained=False, **kwargs)
     model.load_state_dict(tensors)
     return model
@@ -314,6 +317,7 @@ def _load_torchvision_model(path: str | Path, tensors: dict[str, torch.Tensor],
     if not (isinstance(spec, dict) and isinstance(spec.get("name"), str) and isinstance(spec.get("kwargs"), dict)
             and spec.get("in_chans") in (None, 1, 3)):
         raise CheckpointError(f"{path}: its torchvision metadata is malformed; the file is corrupt or was edited")
+    check_constructor_args(spec["kwargs"], f"{path}: torchvision model {spec['name']}", CheckpointError)
     bound = _size_bound(tensors)
     if _largest_number(spec["kwargs"]) > bound:
         raise CheckpointError(f"{path}: torchvision arguments {spec['kwargs']} exceed every size in the file's "
@@ -325,9 +329,27 @@ def _load_torchvision_model(path: str | Path, tensors: dict[str, torch.Tensor],
         raise CheckpointError(f"{path}: torchvision can't build {spec['name']} with {spec['kwargs']} "
                               f"({type(e).__name__}: {e})") from None
     _check_fits(skeleton, tensors, path, ignore_head=False)
+    _check_class_scores(skeleton, spec["in_chans"] or 3, spec["kwargs"].get("image_size"), path)
     model = build_torchvision(spec["name"], spec["in_chans"], **spec["kwargs"])
     model.load_state_dict(tensors)
     return model
+
+
+def _check_class_scores(skeleton: torch.nn.Module, in_chans: Any, img_size: Any, path: str | Path) -> None:
+    """The rebuilt model (on the meta device: nothing computed) gives (N, num_classes) class scores: metadata
+    such as global_pool='' keeps every tensor's shape but makes the output a feature map."""
+    size = img_size if isinstance(img_size, int) else \
+        getattr(skeleton, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[-1]
+    try:
+        with torch.device("meta"), torch.no_grad():
+            out = skeleton(torch.empty(2, in_chans if in_chans in (1, 3) else 3, size, size))
+    except Exception as e:  # a model refuses its input in its own words
+        raise CheckpointError(f"{path}: the model its metadata describes can't classify a {size}px image "
+                              f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); the metadata was edited"
+                              ) from None
+    problem = class_scores_problem(out, getattr(skeleton, "num_classes", None))
+    if problem:
+        raise CheckpointError(f"{path}: the model its metadata describes {problem}; the metadata was edited")
 
 
 def _size_bound(tensors: dict[str, torch.Tensor]) -> int:

@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if not debug:  # a warning is a line for the user, not a source location
         warnings.formatwarning = lambda message, *_, **__: f"resmlp {args.command}: note: {message}\n"
     try:
+        _check_environment()
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
         return code
@@ -73,6 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         warnings.formatwarning = formatwarning
+
+
+def _check_environment() -> None:
+    """The settings the environment gives every command, checked once before any runs: read later, inside a
+    data loader's worker, a bad value would be a traceback from that worker."""
+    if os.environ.get("RESMLP_MAX_IMAGE_PIXELS"):
+        from resmlp.data.images import max_image_pixels
+
+        max_image_pixels()
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

@@ -35,8 +35,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from resmlp.build import ModelName, parse_model_name
+from resmlp.build import ModelName, check_constructor_keys, parse_model_name
 from resmlp.complexity import count_gmacs, count_params
+from resmlp.errors import ConfigError
 from resmlp.fileio import atomic_write
 from resmlp.hostinfo import host_info
 from resmlp.inference import COMPILE_MODES, compile_for_inference, compile_mode, optimize
@@ -147,7 +148,12 @@ def parse_spec(text: str) -> ModelSpec:
         key, sep, _ = pair.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"bad override {pair!r} for {name}; expected key=value, e.g. {name}[dim=64]")
-    return ModelSpec(parse_model_name(name), parse_overrides(pairs), text)
+    spec = ModelSpec(parse_model_name(name), parse_overrides(pairs), text)
+    # the same check as a recipe's model keys: built and run once on the meta device, before any measurement
+    problem = check_constructor_keys(spec.model, spec.overrides)
+    if problem:
+        raise ConfigError(f"--models {text!r}: {problem}")
+    return spec
 
 
 def parse_models(text: str) -> list[ModelSpec]:

@@ -39,7 +39,9 @@ CSV_COLUMNS = ("name", "kind", "preset", "params", "params_m", "gmacs", "paper_p
 def run(args: argparse.Namespace) -> int:
     from fnmatch import fnmatch
 
-    data = [r for r in rows() if fnmatch(r["name"], args.pattern) or fnmatch(r.get("preset", ""), args.pattern)]
+    # a Table 3 row also matches by its preset; a preset has none (not "", which the pattern '' would match)
+    data = [r for r in rows() if fnmatch(r["name"], args.pattern) or ("preset" in r and fnmatch(r["preset"],
+                                                                                            args.pattern))]
     if not data:
         raise ValueError(f"no preset or Table 3 row matches {args.pattern!r}; `resmlp models` lists them all")
     if args.format == "json":

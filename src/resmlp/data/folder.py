@@ -10,6 +10,7 @@ import numpy as np
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from resmlp.data.images import max_image_pixels as default_max_pixels
 from resmlp.data.images import open_image
 from resmlp.data.walk import regular_files
 from resmlp.errors import DataError
@@ -38,7 +39,9 @@ class SkippingImageFolder(ImageFolder):
                              f"or add images (extensions {', '.join(IMG_EXTENSIONS)})")
         super().__init__(str(root), transform=transform)
         self.in_chans = in_chans
-        self.max_image_pixels = max_image_pixels
+        # the bound resolved here, in the process that builds the dataset: a bad $RESMLP_MAX_IMAGE_PIXELS is
+        # one ConfigError now, not a traceback from a loader worker at the first image
+        self.max_image_pixels = default_max_pixels() if max_image_pixels is None else max_image_pixels
         self.class_names = list(self.classes)
 
     def make_dataset(self, directory: str, class_to_idx: dict[str, int], extensions=None, is_valid_file=None,

@@ -96,9 +96,13 @@ def max_image_pixels() -> int:
     if not value:
         return DEFAULT_MAX_PIXELS
     try:
-        return int(value)
+        limit = int(value)
     except ValueError:
-        raise ConfigError(f"{MAX_PIXELS_VARIABLE}={value!r} is not a whole number of pixels") from None
+        limit = 0
+    if limit < 1:
+        raise ConfigError(f"{MAX_PIXELS_VARIABLE}={value!r} is not a whole number of pixels (at least 1); set it "
+                          f"to e.g. {DEFAULT_MAX_PIXELS}, or unset it for that default")
+    return limit
 
 
 def _to_mode(img: Image.Image, mode: str, path: str | Path) -> Image.Image:
