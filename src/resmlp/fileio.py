@@ -8,7 +8,8 @@
 - `remove_stale_temporaries` clears temporaries that a killed process left behind (on resume).
 - `write_json` writes strict JSON (NaN and infinities become null), so summary files always parse.
 - `RunLock` makes an output folder belong to one run at a time; `output_lock` is the one every command that
-  writes into a folder takes (nothing when no folder is given).
+  writes into a folder takes (nothing when no folder is given). Its lock file is opened without following a
+  symlink and refused when it is a hard link or not a regular file, before anything is written into it.
 - `guarded_subfolder` makes a folder inside an output folder, never through a symlink planted there: every
   write of a run stays inside its folder; `held_subfolder` also opens it, for writers that take a path.
 """
@@ -84,6 +85,7 @@ def _finish(tmp: Path) -> None:
     file of their own, mode 0600, so the mode is set on what is there now (never through a symlink)."""
     fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
     try:
+        _refuse_shared_file(fd, tmp)  # a writer that replaced our temporary made a fresh file: one name only
         os.fchmod(fd, 0o666 & ~_UMASK)
         os.fsync(fd)
     finally:
@@ -274,9 +276,15 @@ class RunLock:
         import fcntl
 
         _make_folder(self.folder)
-        # O_NOFOLLOW: a symlink planted at .lock must not make us truncate the file it points to
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        # O_NOFOLLOW: a symlink planted at .lock must not make us truncate the file it points to; O_NONBLOCK: a
+        # FIFO planted there must not hang the open (it is refused below)
         try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as e:  # ELOOP: a symlink; EISDIR: a folder; ENXIO: a socket
+            raise OutputError(f"{self.path} can't be a run's lock ({e.strerror}); a run writes only inside its "
+                              "output folder: remove it or choose another output folder") from None
+        try:
+            _refuse_shared_file(fd, self.path)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _describe_holder(fd)
@@ -303,6 +311,21 @@ class RunLock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+
+def _refuse_shared_file(fd: int, path: Path) -> None:
+    """OutputError unless the open file is a regular file with no other name: a hard link planted at a lock's
+    or a temporary's name makes its target, anywhere on the file system, what a write would truncate."""
+    import stat
+
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise OutputError(f"{path} is not a regular file (a FIFO or device?); a run writes only inside its output "
+                          "folder: remove it or choose another output folder")
+    if info.st_nlink > 1:
+        raise OutputError(f"{path} is a hard link ({info.st_nlink} names share its content), so writing it would "
+                          "overwrite a file elsewhere; remove it (rm only removes this name) or choose another "
+                          "output folder")
 
 
 def _describe_holder(fd: int) -> str:

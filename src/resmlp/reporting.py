@@ -61,9 +61,9 @@ def plot_confusion_matrix(path: str | Path, confusion: np.ndarray, class_names: 
     size = min(4 + 0.5 * k, 30)
     fig, ax = plt.subplots(figsize=(size, size))
     ax.imshow(rates, cmap="Blues", vmin=0, vmax=1)
-    if k <= 50:
-        ax.set_xticks(range(k), class_names, rotation=90)
-        ax.set_yticks(range(k), class_names)
+    if k <= 50:  # class names are plain text: a '$' in one must not start matplotlib's mathtext (a parse error)
+        ax.set_xticks(range(k), class_names, rotation=90, parse_math=False)
+        ax.set_yticks(range(k), class_names, parse_math=False)
     if k <= 20:
         for i in range(k):
             for j in range(k):

@@ -585,6 +585,7 @@ def tradeoff_figure(rows: list[dict[str, Any]]):
             textcoords="offset points",
             xytext=(5, 4 if i % 2 == 0 else -11),  # alternate above/below: neighbours may coincide
             fontsize=8,
+            parse_math=False,  # a model's name (a file path) is plain text, '$' included
         )
         note.set_in_layout(False)  # long names must not squeeze the axes
     ax.set_xscale("log")
