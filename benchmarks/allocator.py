@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from resmlp.fileio import write_json
+
 THROUGHPUT = Path(__file__).with_name("train_throughput.py")
 SETTINGS = ("glibc", "resmlp")
 
@@ -65,9 +67,7 @@ def main() -> None:
                 print(f"  {key:<44} median of pairs {statistics.median(ratios):.3f} "
                       f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     if args.json:
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(args.json)  # atomic
+        write_json(args.json, summary)  # atomic, through no planted link
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ OUTPUT/results.json.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import resmlp
+from resmlp.fileio import write_json
 from resmlp.train import finetune, pretrain_dino, train
 from resmlp.train.config import TRAINING_FIELDS, load_config, parse_overrides
 from resmlp.train.probe import frozen_feature_eval
@@ -53,7 +53,7 @@ def main() -> int:
               "scratch_top1": scratch["test_top1"],
               "dino_epochs": pre["epochs"], "dino_seconds": pre["wall_seconds"], "finetune_epochs": tuned["epochs"],
               "host": pre.get("host"), "tiny": args.tiny}
-    (out / "results.json").write_text(json.dumps(result, indent=2))
+    write_json(out / "results.json", result)
     print(f"DINO ({pre['epochs']} epochs, {pre['wall_seconds']:.0f}s): k-NN top-1 {result['knn_top1']:.2f}% "
           f"(validation {result['val_knn_top1']:.2f}%), "
           f"linear probe {result['linear_top1']:.2f}%, fine-tuned ({tuned['epochs']} epochs) "

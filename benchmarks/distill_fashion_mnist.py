@@ -18,6 +18,7 @@ import json
 import time
 from pathlib import Path
 
+from resmlp.fileio import write_json
 from resmlp.train import train
 
 TINY = {"data.kind": "synthetic", "data.synthetic_size": [256, 64], "schedule.epochs": 1,
@@ -59,7 +60,7 @@ def main() -> int:
               "gain": distilled["test_top1"] - plain["test_top1"], "student_seconds": plain["wall_seconds"],
               "distilled_seconds": distilled["wall_seconds"], "epochs": distilled["epochs"],
               "distill_type": args.distill_type, "cache": args.cache, "tiny": args.tiny}
-    (out / "comparison.json").write_text(json.dumps(result, indent=2))
+    write_json(out / "comparison.json", result)
     print(f"teacher ({teacher['checkpoint']}) top-1 {result['teacher_top1']:.2f}%\n"
           f"ResMLP, no distillation  top-1 {result['student_top1']:.2f}%  ({plain['wall_seconds']:.0f}s)\n"
           f"ResMLP, {args.distill_type} distillation{' (cached teacher)' if args.cache else ''} top-1 "

@@ -15,7 +15,6 @@ fused blocks) in bf16 autocast on a GPU or a CPU with native bf16, else fp32.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from timm.optim import create_optimizer_v2
 from train_throughput import CONFIGS, autocast, build, host_info, synchronize
 
+from resmlp.fileio import write_json
 from resmlp.hostinfo import native_bf16
 from resmlp.train.step import UpdateGuard, all_finite, optimizer_options, total_grad_norm
 
@@ -116,7 +116,7 @@ def main() -> None:
                  if r["peak_mib_plain"] is not None else ""))
     if args.json:
         settings = {k: getattr(args, k) for k in ("device", "config", "img_size", "batch", "rounds", "steps")}
-        args.json.write_text(json.dumps({"host": host, "settings": settings, "results": results}, indent=2))
+        write_json(args.json, {"host": host, "settings": settings, "results": results})
 
 
 if __name__ == "__main__":

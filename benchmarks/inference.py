@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import statistics
 import tempfile
 import time
@@ -35,6 +34,7 @@ import torch._dynamo
 import resmlp
 from resmlp.analysis.benchmark import BF16Autocast, float32_matmul
 from resmlp.complexity import count_gmacs
+from resmlp.fileio import atomic_write, write_json
 from resmlp.inference import COMPILE_MODES, compile_for_inference, compile_mode, native_bf16_available, optimize
 
 TIMM_NAMES = {"resmlp_s12": "resmlp_12_224", "resmlp_s24": "resmlp_24_224"}
@@ -305,11 +305,14 @@ def main() -> None:
             results.update(device=str(device), peaks_gflops=peaks, throughput=rows)
             if args.csv:
                 import csv
+                import io
 
-                with args.csv.open("w", newline="") as f:
-                    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-                    writer.writeheader()
-                    writer.writerows(rows)
+                buffer = io.StringIO()
+                writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+                text = buffer.getvalue()
+                atomic_write(args.csv, lambda tmp: tmp.write_text(text))
         if args.agreement_checkpoint:
             agree = agreement(args.agreement_checkpoint, args.precisions, device, tuple(args.compile),
                               args.fashion_dir)
@@ -318,7 +321,7 @@ def main() -> None:
                 print(f"| {a['variant']} | {100 * a['top1_agreement_with_fp32']:.2f}% | {100 * a['accuracy']:.2f}% |")
             results["agreement"] = agree
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from resmlp.data import build_dataset, heldout_split
 from resmlp.evaluation import resolve_checkpoint
+from resmlp.fileio import write_json
 from resmlp.hostinfo import host_info
 from resmlp.inference import LoadedModel, load_for_inference, optimize_features
 from resmlp.train.probe import extract_features, knn_accuracy
@@ -193,7 +194,7 @@ def main() -> None:
                   "than the earlier code on this host")
         results["fp32 floor"] = floor
     if args.json:
-        Path(args.json).write_text(json.dumps({"host": host_info("fp32"), **results}, indent=1))
+        write_json(args.json, {"host": host_info("fp32"), **results})
 
 
 if __name__ == "__main__":

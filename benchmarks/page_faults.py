@@ -15,7 +15,6 @@ blocks) is an environment variable read at start-up: set it for the whole comman
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 from train_throughput import CONFIGS, build, host_info, make_step
 
+from resmlp.fileio import write_json
 from resmlp.runtime import keep_freed_memory
 
 
@@ -74,9 +74,7 @@ def main() -> None:
     if args.json:
         settings = {"malloc": args.malloc, "precision": args.precision, "batch": args.batch,
                     "img_size": args.img_size, "steps": args.steps, "THP_MEM_ALLOC_ENABLE": thp}
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps({"host": host, "settings": settings, "results": results}, indent=2))
-        tmp.replace(args.json)  # atomic
+        write_json(args.json, {"host": host, "settings": settings, "results": results})  # atomic, through no link
 
 
 if __name__ == "__main__":

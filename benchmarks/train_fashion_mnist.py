@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from resmlp.fileio import write_json
+
 TARGETS = {"fashion-mnist-quick": (89.0, 600.0), "fashion-mnist-full": (92.5, None)}
 
 
@@ -59,7 +61,7 @@ def main() -> int:
                   accuracy_target_met=summary["test_top1"] >= min_top1,
                   time_target_met=None if max_seconds is None else wall <= max_seconds)
     print(json.dumps(report, indent=2))
-    Path(out, "benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(Path(out, "benchmark.json"), report)
     return 0
 
 

@@ -34,6 +34,7 @@ import torch
 from PIL import Image
 
 import resmlp
+from resmlp.fileio import write_json
 from resmlp.hostinfo import host_info
 from resmlp.preprocess import _with_zero_bit_posterize
 
@@ -181,7 +182,7 @@ def main() -> None:
         result["ours_over_timm_after_first_epoch"] = (sum(ours) / len(ours)) / (sum(timm_rates) / len(timm_rates))
         print(f"ours / timm parts, epochs 2..{args.epochs}: {result['ours_over_timm_after_first_epoch']:.3f}")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

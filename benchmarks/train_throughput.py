@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import resmlp
 from resmlp import hostinfo
+from resmlp.fileio import write_json
 from resmlp.models.fused_block import set_fused_training
 from resmlp.runtime import keep_freed_memory
 
@@ -224,9 +224,7 @@ def main() -> None:
     if args.json:
         settings = {k: getattr(args, k) for k in ("config", "batch", "img_size", "rounds", "steps", "warmup",
                                                   "malloc", "device")}
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps({"host": host, "settings": settings, "results": results}, indent=2))
-        tmp.replace(args.json)  # atomic
+        write_json(args.json, {"host": host, "settings": settings, "results": results})  # atomic, through no link
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ OUTPUT/comparison.json.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+from resmlp.fileio import write_json
 from resmlp.train import finetune, train
 
 
@@ -65,7 +65,7 @@ def main() -> int:
     result = {"scratch_top1": scratch["test_top1"], "finetune_top1": tuned["test_top1"],
               "gain": tuned["test_top1"] - scratch["test_top1"], "epochs": scratch["epochs"], "source": str(source),
               "tiny": args.tiny}
-    (out / "comparison.json").write_text(json.dumps(result, indent=2))
+    write_json(out / "comparison.json", result)
     print(f"digits, {result['epochs']} epochs: from scratch {result['scratch_top1']:.2f}%, fine-tuned from "
           f"Fashion-MNIST {result['finetune_top1']:.2f}% ({result['gain']:+.2f}) -> {out}/comparison.json")
     return 0

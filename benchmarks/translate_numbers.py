@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from resmlp.fileio import write_json
 from resmlp.seq2seq.model import build_translation_model, translation_model_config
 
 
@@ -90,7 +91,7 @@ def main() -> None:
         if {"resmlp", "transformer"} <= by.keys():
             t = by["transformer"]["exact_match"]
             print(f"{task}: ResMLP / Transformer exact match = {by['resmlp']['exact_match']:.1f} / {t:.1f}")
-    (Path(args.output) / "results.json").write_text(json.dumps(rows, indent=2))
+    write_json(Path(args.output) / "results.json", rows)
 
 
 if __name__ == "__main__":
