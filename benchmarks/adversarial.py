@@ -828,6 +828,141 @@ def _(d: Path):
     return not (d / "run" / ".last.safetensors.abc123.tmp").exists(), "removed under the run's lock"
 
 
+# ------------------------------------------------------------------------------------------ issue 44: image side
+# One case per mechanism of issue 44 on the image side (T1 zip records, T2 constructor arguments, T3 links, T4
+# pixel bound, T6 benchmark specs, T11 `models ''`, T14 '$' in class names, R resume options); the cases of its
+# translation side are in their own group below. Names start with "I44" (`-k I44` runs them alone).
+def _shared_records(path: Path, entries: int = 250, numel: int = 4096) -> Path:
+    """torch.save of `entries` equal tensors whose directory entries all point at the first data record."""
+    import zipfile
+
+    torch.save({f"w{i}": torch.zeros(numel) for i in range(entries)}, path)
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        first = next(r for r in archive.infolist() if r.filename.endswith("/data/0"))
+    at = data.find(b"PK\x01\x02")
+    while at >= 0:
+        name = bytes(data[at + 46: at + 46 + struct.unpack_from("<H", data, at + 28)[0]]).decode()
+        if "/data/" in name:
+            struct.pack_into("<I", data, at + 42, first.header_offset)
+        at = data.find(b"PK\x01\x02", at + 4)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@case("I44 T1 .pth whose 250 directory entries share one stored record (library read)")
+def _(d: Path):
+    from resmlp.checkpoint_reader import read_torch_file
+
+    return refused(lambda: read_torch_file(_shared_records(d / "shared.pth")))
+
+
+for _label, _argv in (("predict FILE IMAGE", ["predict", "{f}", "{img}"]),
+                      ("eval FILE", ["eval", "{f}", "--data", "synthetic"]),
+                      ("train --model FILE", ["train", "--output", "{d}/t", "--model", "{f}"]),
+                      ("train --distill FILE", ["train", "--output", "{d}/k", "--distill", "{f}"]),
+                      ("translate decode FILE", ["translate", "decode", "{f}"])):
+    @case(f"I44 T1 shared-record .pth via `resmlp {_label}`")
+    def _(d: Path, argv=_argv):
+        shared, image = _shared_records(d / "shared.pth", 3, 1000), an_image(d / "a.png")
+        return clean_cli_failure(*cli(*[a.format(f=shared, img=image, d=d) for a in argv]), "overlap")
+
+
+for _label, _kwargs in (("checkpoint_path='aux.pth'", {"checkpoint_path": "aux.pth"}),
+                        ("global_pool=''", {"global_pool": ""}), ("features_only=true", {"features_only": True})):
+    @case(f"I44 T2 timm metadata with {_label} (`resmlp predict`)")
+    def _(d: Path, kwargs=_kwargs):
+        import timm
+
+        tensors = {k: v.contiguous() for k, v in timm.create_model("test_resnet", num_classes=3).state_dict().items()}
+        torch.save(tensors, d / "aux.pth")
+        path = d / "m.safetensors"
+        save_file(tensors, str(path), metadata={"format": "resmlp", "timm": json.dumps(
+            {"name": "test_resnet", "kwargs": {"num_classes": 3, **kwargs}})})
+        return clean_cli_failure(*cli("predict", str(path), str(an_image(d / "a.png"))))
+
+
+for _override in ("model.depth=100000", "model.checkpoint_path=aux.pth", "model.global_pool=''"):
+    @case(f"I44 T2 `resmlp train --model timm:test_resnet --set {_override}`")
+    def _(d: Path, override=_override):
+        start = time.perf_counter()
+        ok, how = clean_cli_failure(*cli("train", "--output", str(d / "o"), "--model", "timm:test_resnet",
+                                         "--set", override, *TRAIN_TINY[:2]))
+        return ok and time.perf_counter() - start < 60, f"{how} ({time.perf_counter() - start:.1f} s)"
+
+
+@case("I44 T3 a hard link planted as OUT/.lock (`resmlp train`)")
+def _(d: Path):
+    (d / "o").mkdir()
+    victim = d / "victim"
+    victim.write_text("precious\n")
+    os.link(victim, d / "o" / ".lock")
+    ok, how = clean_cli_failure(*cli("train", "--output", str(d / "o"), *TRAIN_TINY), "hard link")
+    intact = victim.read_text() == "precious\n"
+    return ok and intact, f"{how}; victim intact: {intact}"
+
+
+@case("I44 T3 a FIFO planted as OUT/.lock (`resmlp eval --output`)")
+def _(d: Path):
+    (d / "o").mkdir()
+    os.mkfifo(d / "o" / ".lock")
+    path = tiny_checkpoint(d / "m.safetensors")
+    return clean_cli_failure(*cli("eval", str(path), "--data", "synthetic", "--output", str(d / "o"), timeout=60),
+                             "not a regular file")
+
+
+@case("I44 T4 RESMLP_MAX_IMAGE_PIXELS=abc (`resmlp eval` on a folder)")
+def _(d: Path):
+    for split in ("train", "val", "test"):
+        for cls in ("a", "b", "c"):
+            (d / "data" / split / cls).mkdir(parents=True)
+            an_image(d / "data" / split / cls / "x.png")
+    path = saved_with_preprocess(d / "m.safetensors", img_size=16, crop_pct=1.0, mean=[0.5] * 3, std=[0.5] * 3,
+                                 in_chans=3)
+    return clean_cli_failure(*cli("eval", str(path), "--data", str(d / "data"),
+                                  env={"RESMLP_MAX_IMAGE_PIXELS": "abc"}), "RESMLP_MAX_IMAGE_PIXELS")
+
+
+@case("I44 T6 `resmlp benchmark --models 'timm:resnet10t[drop_rate=nan]'`")
+def _(d: Path):
+    return clean_cli_failure(*cli("benchmark", "--models", "timm:resnet10t[drop_rate=nan]"), "drop_rate")
+
+
+@case("I44 T11 `resmlp models ''`")
+def _(d: Path):
+    return clean_cli_failure(*cli("models", ""), "matches ''")
+
+
+@case("I44 T14 '$' in class names: the confusion matrix is written")
+def _(d: Path):
+    from resmlp.reporting import plot_confusion_matrix
+
+    path = plot_confusion_matrix(d / "cm.png", np.eye(3, dtype=int), ["$^$", "$$", r"$\frac$"])
+    return path.stat().st_size > 0, f"{path.name} written, {path.stat().st_size} bytes"
+
+
+for _flags in (["--set", "train.seed=5"], ["--drop-path", "0.2"], ["--opt", "sgd"]):
+    @case(f"I44 R `resmlp train --resume {' '.join(_flags)}` of a run trained otherwise")
+    def _(d: Path, flags=_flags):
+        rc, err = cli("train", "--output", str(d / "o"), *TRAIN_TINY)
+        if rc:
+            return False, f"the run to resume failed: {err.splitlines()[-1][:150]}"
+        return clean_cli_failure(*cli("train", "--output", str(d / "o"), "--resume", *flags), "was")
+
+
+@case("I44 R `resmlp finetune CKPT --output RUN --resume` of a --freeze 1 run (the run's options kept)")
+def _(d: Path):
+    model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, dim=16, depth=1, num_classes=4, in_chans=1)
+    start = resmlp.save(model, d / "start.safetensors")
+    sets = [a for a in TRAIN_TINY if not a.startswith("model.") and a != "--set"]
+    flags = [x for s in sets for x in ("--set", s)]
+    rc, err = cli("finetune", str(start), "--output", str(d / "o"), "--freeze", "1", *flags)
+    if rc:
+        return False, f"the run to resume failed: {err.splitlines()[-1][:150]}"
+    rc, err = cli("finetune", str(start), "--output", str(d / "o"), "--resume", "--epochs", "2")
+    return rc == 0, f"exit {rc}{': ' + err.splitlines()[-1][:150] if rc else ', resumed to epoch 2'}"
+
+
 # ------------------------------------------------------------------------------------------ translation corpora
 def _corpus(root: Path, bad: dict[str, bytes]) -> Path:
     root.mkdir()
