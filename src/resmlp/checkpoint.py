@@ -288,7 +288,6 @@ def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: d
     import timm
 
     name, kwargs = spec["name"], {**spec["kwargs"], **overrides}
-    check_constructor_args(kwargs, f"{path}: timm model {name}", CheckpointError)
     if not timm.is_model(name):
         raise CheckpointError(f"{path}: its metadata names timm model {name!r}, which timm "
                               f"{timm.__version__} does not know")
@@ -297,6 +296,7 @@ def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: d
     if oversized:
         raise CheckpointError(f"{path}: timm arguments {', '.join(f'{k}={kwargs[k]!r}' for k in oversized)} "
                               f"exceed every size in the file's tensors ({bound}); the metadata was edited")
+    check_constructor_args(kwargs, f"{path}: timm model {name}", CheckpointError)  # no paths, loaders, overlays
     try:
         with torch.device("meta"):
             skeleton = timm.create_model(name, pretrained=False, **kwargs)
@@ -317,11 +317,11 @@ def _load_torchvision_model(path: str | Path, tensors: dict[str, torch.Tensor],
     if not (isinstance(spec, dict) and isinstance(spec.get("name"), str) and isinstance(spec.get("kwargs"), dict)
             and spec.get("in_chans") in (None, 1, 3)):
         raise CheckpointError(f"{path}: its torchvision metadata is malformed; the file is corrupt or was edited")
-    check_constructor_args(spec["kwargs"], f"{path}: torchvision model {spec['name']}", CheckpointError)
     bound = _size_bound(tensors)
     if _largest_number(spec["kwargs"]) > bound:
         raise CheckpointError(f"{path}: torchvision arguments {spec['kwargs']} exceed every size in the file's "
                               f"tensors ({bound}); the metadata was edited")
+    check_constructor_args(spec["kwargs"], f"{path}: torchvision model {spec['name']}", CheckpointError)
     try:
         with torch.device("meta"):
             skeleton = build_torchvision(spec["name"], spec["in_chans"], **spec["kwargs"])

@@ -175,8 +175,10 @@ def _check_disjoint(path: Path, size: int, records: list[zipfile.ZipInfo]) -> No
     spans = []
     with open(path, "rb") as f:
         for record in records:
-            f.seek(record.header_offset)
-            header = f.read(_LOCAL_HEADER.size)
+            header = b""
+            if 0 <= record.header_offset < size:  # zipfile makes offsets of a damaged archive negative
+                f.seek(record.header_offset)
+                header = f.read(_LOCAL_HEADER.size)
             if len(header) < _LOCAL_HEADER.size or header[:4] != _LOCAL_SIGNATURE:
                 raise CheckpointError(f"{path}: record {record.filename!r} has no local header at offset "
                                       f"{record.header_offset}; the file is truncated or crafted")

@@ -278,11 +278,7 @@ class RunLock:
         _make_folder(self.folder)
         # O_NOFOLLOW: a symlink planted at .lock must not make us truncate the file it points to; O_NONBLOCK: a
         # FIFO planted there must not hang the open (it is refused below)
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-        except OSError as e:  # ELOOP: a symlink; EISDIR: a folder; ENXIO: a socket
-            raise OutputError(f"{self.path} can't be a run's lock ({e.strerror}); a run writes only inside its "
-                              "output folder: remove it or choose another output folder") from None
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         try:
             _refuse_shared_file(fd, self.path)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
