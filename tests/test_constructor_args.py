@@ -69,8 +69,8 @@ def test_the_cli_refuses_a_path_argument_in_one_line(tmp_path, capsys):
 
 
 def test_plain_arguments_pass():
-    check_constructor_args({"drop_rate": 0.1, "depths": [2, 2], "act_layer": "gelu", "in_chans": 1, "x": None},
-                           "here")
+    check_constructor_args({"drop_rate": 0.1, "drop_path_rate": 0.1, "depths": [2, 2], "act_layer": "gelu",
+                            "in_chans": 1, "x": None}, "here")
     with pytest.raises(ConfigError, match="at most 16 values"):
         check_constructor_args({"depths": [1] * 17}, "here")
-    assert check_constructor_keys(parse_model_name("timm:test_vit"), {"drop_rate": 0.1}) is None
+    assert check_constructor_keys(parse_model_name("timm:test_vit"), {"drop_rate": 0.1, "drop_path_rate": 0.1}) is None

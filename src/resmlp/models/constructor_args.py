@@ -27,6 +27,7 @@ REFUSED_KEYS = frozenset({
     "weights_backbone", "progress", "cache_dir", "scriptable", "exportable", "no_jit",
 })
 _REFUSED_WORDS = re.compile(r"path|file|dir|url|cache|hub|cfg|overlay|pretrained|weights|checkpoint")
+_DROP_PATH_KEYS = frozenset({"drop_path_rate", "drop_path"})  # stochastic depth: "path" as in a network's path
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _WORD = re.compile(r"^[A-Za-z0-9_\-]{0,64}$")  # act_layer='gelu', global_pool='avg', weight_init='jax'
 _DEPTH_LIKE = re.compile(r"depth|layers|blocks|repeats|num_stages")
@@ -49,7 +50,7 @@ def check_constructor_args(kwargs: dict[str, Any], where: str, error: type[Resml
 def _key_problem(key: Any) -> str | None:
     if not isinstance(key, str) or not _KEY.match(key):
         return "an argument name is a Python identifier"
-    if key in REFUSED_KEYS or _REFUSED_WORDS.search(key.lower()):
+    if key in REFUSED_KEYS or (_REFUSED_WORDS.search(key.lower()) and key not in _DROP_PATH_KEYS):
         return ("it names a file, a download or a feature extractor, not an architecture; weights come only "
                 "from the checkpoint file this project reads (or --teacher-weights / distill.weights)")
     return None
