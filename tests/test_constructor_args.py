@@ -74,3 +74,10 @@ def test_plain_arguments_pass():
     with pytest.raises(ConfigError, match="at most 16 values"):
         check_constructor_args({"depths": [1] * 17}, "here")
     assert check_constructor_keys(parse_model_name("timm:test_vit"), {"drop_rate": 0.1, "drop_path_rate": 0.1}) is None
+
+
+def test_a_timm_backbone_without_a_head_still_loads(tmp_path):
+    """num_classes=0: one feature vector per image is what such a file is for (k-NN, linear probes)."""
+    model = timm.create_model("test_resnet", num_classes=0)
+    path = resmlp.save(model, tmp_path / "backbone.safetensors")
+    assert resmlp.load(path)(torch.randn(2, 3, 32, 32)).ndim == 2

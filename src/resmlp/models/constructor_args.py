@@ -79,6 +79,8 @@ def class_scores_problem(out: object, num_classes: Any) -> str | None:
     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
     if shape is not None and isinstance(num_classes, int) and shape == (2, num_classes):
         return None
+    if shape is not None and num_classes == 0 and len(shape) == 2 and shape[0] == 2:
+        return None  # a backbone without a head (timm's num_classes=0): one feature vector per image
     got = f"a tensor of shape {shape}" if shape is not None else f"a {type(out).__name__}"
     return (f"gives {got} for 2 images, not class scores of shape (2, {num_classes}); a classifier's arguments "
             "must keep its output one row of scores per image")
