@@ -81,3 +81,9 @@ def test_a_timm_backbone_without_a_head_still_loads(tmp_path):
     model = timm.create_model("test_resnet", num_classes=0)
     path = resmlp.save(model, tmp_path / "backbone.safetensors")
     assert resmlp.load(path)(torch.randn(2, 3, 32, 32)).ndim == 2
+
+
+def test_a_distilled_deit_passes_the_class_score_check():
+    """Checked in eval mode: while training, a distilled DeiT returns its two heads as a tuple."""
+    name = parse_model_name("timm:deit_tiny_distilled_patch16_224")
+    assert check_constructor_keys(name, {"drop_rate": 0.1}) is None

@@ -98,7 +98,8 @@ def check_constructor_keys(name: ModelName, overrides: dict[str, Any]) -> str | 
         check_constructor_args(overrides, str(name))
         with torch.device("meta"), torch.no_grad():
             model = build_model_for_input(name, **overrides)
-            out = model(torch.empty(2, in_chans, img_size, img_size))
+            # eval mode: what predicts and is scored (a distilled DeiT returns two heads while training)
+            out = model.eval()(torch.empty(2, in_chans, img_size, img_size))
     except Exception as e:  # a model fails in its own words (TypeError, AssertionError, AttributeError...)
         return f"{name} cannot be built with {keys}: {' '.join(str(e).split())[:300]}"
     problem = class_scores_problem(out, overrides.get("num_classes", getattr(model, "num_classes", None)))

@@ -342,7 +342,7 @@ def _check_class_scores(skeleton: torch.nn.Module, in_chans: Any, img_size: Any,
         getattr(skeleton, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[-1]
     try:
         with torch.device("meta"), torch.no_grad():
-            out = skeleton(torch.empty(2, in_chans if in_chans in (1, 3) else 3, size, size))
+            out = skeleton.eval()(torch.empty(2, in_chans if in_chans in (1, 3) else 3, size, size))
     except Exception as e:  # a model refuses its input in its own words
         raise CheckpointError(f"{path}: the model its metadata describes can't classify a {size}px image "
                               f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); the metadata was edited"
