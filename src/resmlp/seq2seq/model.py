@@ -86,10 +86,6 @@ class Seq2SeqConfig:
             value = getattr(self, name)
             if not (_is_number(value) and 0 <= value < 1):
                 raise ValueError(f"{name}={value!r}: expected a probability in [0, 1)")
-        if self.activation is None and self.arch in DEFAULT_ACTIVATION:
-            object.__setattr__(self, "activation", DEFAULT_ACTIVATION[self.arch])  # frozen: set once, resolved
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation={self.activation!r}: choose one of {', '.join(ACTIVATIONS)}")
         if not (_is_number(self.layerscale_init) and 0 <= self.layerscale_init <= 100):
             raise ValueError(f"layerscale_init={self.layerscale_init!r}: expected a number from 0 to 100 (the paper "
                              "uses 0.2)")
@@ -98,6 +94,10 @@ class Seq2SeqConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected true or false")
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {', '.join(ARCHS)}")
+        if self.activation is None and self.arch in DEFAULT_ACTIVATION:
+            object.__setattr__(self, "activation", DEFAULT_ACTIVATION[self.arch])  # frozen: set once, resolved
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}: choose one of {', '.join(ACTIVATIONS)}")
         if self.positions not in POSITIONS:
             raise ValueError(f"unknown positions {self.positions!r}; choose one of {', '.join(POSITIONS)}")
         if self.dim % self.heads:
