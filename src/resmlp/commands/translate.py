@@ -94,7 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     a = tsub.add_parser("average", help="average the last N kept checkpoints of a run (fairseq's "
                                         "average_checkpoints.py) into RUN/checkpoint_avgN.pt")
-    a.add_argument("run", help="training output directory trained with --average-last N or more")
+    a.add_argument("run_dir", metavar="RUN", help="training output directory trained with --average-last N or more")
     a.add_argument("--last", type=int, default=5, metavar="N",
                    help="how many of the last kept checkpoints to average (default 5)")
     a.set_defaults(run=run_translate_average)
@@ -244,9 +244,9 @@ def run_translate_average(args: argparse.Namespace) -> int:
     low, high = RANGES["average_last"]
     if not low <= args.last <= high:
         raise ValueError(f"--last {args.last}: expected a whole number from {low} to {high}")
-    if not Path(args.run).is_dir():
-        raise FileNotFoundError(f"{args.run} is not a folder; expected a `resmlp translate train` output folder")
-    path, averaged = write_average(args.run, args.last)
+    if not Path(args.run_dir).is_dir():
+        raise FileNotFoundError(f"{args.run_dir} is not a folder; expected a `resmlp translate train` output folder")
+    path, averaged = write_average(args.run_dir, args.last)
     steps = ", ".join(map(str, averaged["averaged_steps"]))
     print(f"averaged the checkpoints of steps {steps} into {path}; score it with: resmlp translate eval {path}")
     return 0
