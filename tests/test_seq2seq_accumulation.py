@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 
 import pytest
 import torch
@@ -145,10 +146,13 @@ def test_the_run_keeps_its_last_n_checkpoints_and_scores_their_mean(corpus, tmp_
 
     (run / "checkpoint_avg3.pt").unlink()
     assert main(["translate", "average", str(run), "--last", "3"]) == 0
-    assert "steps 4, 6, 8" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "steps 4, 6, 8" in printed
     again = torch.load(run / "checkpoint_avg3.pt", weights_only=True)["model"]
     assert all(torch.equal(again[k], averaged["model"][k]) for k in again)
-    assert main(["translate", "eval", str(run / "checkpoint_avg3.pt"), "--beam", "1", "--no-progress"]) == 0
+    hint = shlex.split(printed.split("score it with: ", 1)[1])  # the printed next command runs as printed
+    assert hint[:3] == ["resmlp", "translate", "eval"]
+    assert main([*hint[1:], "--beam", "1", "--no-progress"]) == 0
     scored = json.loads(capsys.readouterr().out)
     assert scored["chrf"] == pytest.approx(summary["chrf"]) and scored["exact_match"] == summary["exact_match"]
 

@@ -55,10 +55,10 @@ def test_the_recipe_derives_update_freq_from_the_processes_and_prints_the_batch(
     monkeypatch.delenv("RANK", raising=False)
     assert _update_freq(_train_args("--recipe", "wmt14-en-de", *flags)) == update_freq
     printed = capsys.readouterr().err
+    tokens = int(flags[1]) if "--max-tokens" in flags else 3584
+    assert f"{tokens} tokens per batch x {update_freq} batches per update (--update-freq) x {world} processes = " \
+           f"{tokens * update_freq * int(world):,} tokens per update" in printed
     if "--update-freq" not in flags:
-        tokens = int(flags[1]) if flags else 3584
-        assert f"{tokens} tokens per batch x {update_freq} batches per update (--update-freq) x {world} processes = " \
-               f"{tokens * update_freq * int(world):,} tokens per update" in printed
         assert tokens * update_freq * int(world) >= 458_752 > tokens * (update_freq - 1) * int(world)
     monkeypatch.setenv("RANK", "1")  # other ranks print nothing
     _update_freq(_train_args("--recipe", "wmt14-en-de", *flags))

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ResMLP position encodings added to the embeddings (default sinusoidal)")
     t.add_argument("--vocab-size", type=int, default=1000, help="joint sentencepiece vocabulary (may end smaller)")
     t.add_argument("--optimizer", choices=("adagrad", "adam"), default="adagrad",
-                   help="adagrad + linear warm-up (paper) or adam + inverse-sqrt")
+                   help="adagrad + linear warm-up (paper), then constant (this project's choice), or adam + "
+                        "inverse-sqrt")
     t.add_argument("--lr", type=float, help="peak learning rate (default 0.2 adagrad, 5e-4 adam)")
     t.add_argument("--warmup-steps", type=int, default=500, metavar="N",
                    help="steps of linear learning-rate warm-up (default 500)")
@@ -185,14 +187,14 @@ def _processes() -> int:
 
 
 def _update_freq(args: argparse.Namespace) -> int:
-    """--update-freq as given; with --recipe and none given, the fewest batches per process whose tokens make the
-    recipe's tokens per update with this many processes, printed (rank 0) with the effective batch."""
-    if args.update_freq is not None or args.recipe is None:
+    """--update-freq as given (default 1); with --recipe and none given, the fewest batches per process whose tokens
+    make the recipe's tokens per update with this many processes. A recipe run prints its effective batch (rank 0)."""
+    if args.recipe is None:
         return 1 if args.update_freq is None else args.update_freq
     from resmlp.seq2seq.recipes import TOKENS_PER_UPDATE
 
     world, target = _processes(), TOKENS_PER_UPDATE[0]
-    freq = max(1, math.ceil(target / (args.max_tokens * world)))
+    freq = args.update_freq or max(1, math.ceil(target / (args.max_tokens * world)))
     if os.environ.get("RANK", "0") == "0":
         print(f"--recipe {args.recipe}: {args.max_tokens} tokens per batch x {freq} batches per update (--update-freq)"
               f" x {world} processes = {args.max_tokens * freq * world:,} tokens per update at most (paper: "
@@ -248,7 +250,8 @@ def run_translate_average(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.run_dir} is not a folder; expected a `resmlp translate train` output folder")
     path, averaged = write_average(args.run_dir, args.last)
     steps = ", ".join(map(str, averaged["averaged_steps"]))
-    print(f"averaged the checkpoints of steps {steps} into {path}; score it with: resmlp translate eval {path}")
+    print(f"averaged the checkpoints of steps {steps} into {path}\nscore it with: resmlp translate eval "
+          f"{shlex.quote(str(path))}")
     return 0
 
 
