@@ -32,8 +32,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "warmup_steps": (0, 1 << 40), "max_tokens": (1, 1 << 20), "max_steps": (1, 1 << 40), "max_minutes": (1e-3, 1e7),
     "eval_every": (1, 1 << 40), "label_smoothing": (0, 0.999), "clip_norm": (0, 1e9), "beam": (1, MAX_BEAM),
     "lenpen": (0, 10), "seed": (0, 2**63 - 1), "log_every": (1, 1 << 40), "threads": (1, 4096),
-    # a whole update holds update_freq batches per process (fairseq's --update-freq); 1024 x 1 process already
-    # makes the paper's ~460k tokens per update from 450-token batches
+    # batches per process in one update (fairseq's --update-freq): the WMT recipes need 128 on one process (Ott
+    # et al.'s 128 GPUs), 1024 leaves room for batches 8 times smaller
     "update_freq": (1, 1024),
     # checkpoints kept and averaged for the test decoding; Vaswani et al. averaged the last 20 for their big
     # models, past a few dozen the first ones are from another point of the run

@@ -112,7 +112,9 @@ def _accumulate(net: nn.Module, group: list[tuple[torch.Tensor, ...]], loss_fn: 
     """Forward and backward of the batches of one update, the gradients summed: each batch's summed token loss
     divided by the update's target tokens (counted on the host), so the gradient is the update's per-token mean
     as fairseq's (sum over the accumulated batches, divided by their sample size). DDP averages across processes
-    once, at the last batch (no_sync before it). Returns the update's loss (on the device) and its tokens."""
+    once, at the last batch (no_sync before it): the mean of the processes' per-token means, where fairseq divides
+    by all processes' tokens (the same when they hold as many; token batches keep them close, and counting them
+    across processes would cost a collective per update). Returns the update's loss (on the device), its tokens."""
     tokens = sum(int(tensors[2].ne(0).sum()) for tensors in group)
     total = torch.zeros((), dtype=torch.float64, device=device)
     for i, tensors in enumerate(group):
@@ -308,7 +310,9 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     if ckpt is not None:
         if checkpoint_model_config(ckpt) != mcfg:
             raise CheckpointError(f"{out / CHECKPOINT} holds another model than its run's config.json and "
-                                  f"{TOKENIZER} describe; the folder was edited")
+                                  f"{TOKENIZER} describe: the folder was edited, or an earlier version of resmlp "
+                                  "trained it (ReLU FFN, sources without EOS), which `translate eval` reads but a "
+                                  "resume cannot continue")
         restore_training_state(out / CHECKPOINT, ckpt, model, opt, sched, scaler, device)
         step, epoch, seconds = ckpt["step"], ckpt["epoch"], ckpt["train_seconds"]
         skip = ckpt.get("batch_in_epoch", 0)  # 0 in files of earlier versions: the epoch restarts
