@@ -117,3 +117,22 @@ def test_number_task_files_are_aligned_german_reorders(tmp_path):
     assert len(read_parallel(tmp_path / "test.src", tmp_path / "test.tgt")[0]) == 20
     with pytest.raises(ValueError, match="unknown task"):
         make_number_task("numbers-en-xx", tmp_path)
+
+
+@pytest.mark.parametrize("source_eos", [True, False])
+def test_decoding_feeds_sources_as_the_model_was_trained(tokenizer, source_eos):
+    """translate() ends each source with EOS for a model trained so (today's), without for one of an earlier
+    version (source_eos False in its config), as training's collate did."""
+    import torch
+
+    from resmlp.seq2seq.model import build_translation_model, translation_model_config
+    from resmlp.seq2seq.train import translate
+
+    model = build_translation_model(translation_model_config("tiny", len(tokenizer), source_eos=source_eos))
+    seen = []
+    encode = model.encode
+    model.encode = lambda src: seen.append(src.clone()) or encode(src)
+    translate(model, tokenizer, ["seven", "one hundred and two"], beam=1)
+    ids = tokenizer.encode(["seven", "one hundred and two"], None)
+    expected = [row + [2] * source_eos for row in ids]
+    assert sorted([t for t in row if t != 0] for row in torch.cat(seen).tolist()) == sorted(expected)

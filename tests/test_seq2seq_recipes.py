@@ -115,3 +115,23 @@ def test_without_sacremoses_no_tokenized_bleu_is_reported_under_the_papers_name(
     result = scores(["the cat sat on the mat ."], ["the cat sat on the mat ."], "en")
     assert result["tokenized_bleu"] is None and "pip install 'sacremoses" in result["tokenized_bleu_tokens"]
     assert result["bleu"] == pytest.approx(100.0)
+
+
+def test_after_the_warm_up_adagrad_holds_its_rate_this_projects_choice_stated_in_the_recipe():
+    """Section 3.6 gives "Adagrad with learning rate 0.2, 32k steps of linear warmup" and nothing after; the
+    constant rate is this project's choice, stated where the recipe is (fairseq's scaling_nmt: inverse_sqrt)."""
+    import torch
+
+    from resmlp.seq2seq import recipes
+    from resmlp.seq2seq.config import TranslationConfig
+    from resmlp.seq2seq.train import make_optimizer
+
+    cfg = TranslationConfig(output="o", task="numbers-en-de", optimizer="adagrad", lr=0.2, warmup_steps=4)
+    opt, sched = make_optimizer(torch.nn.Linear(2, 2), cfg)
+    rates = []
+    for _ in range(12):
+        rates.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert rates[:4] == pytest.approx([0.05, 0.1, 0.15, 0.2]) and rates[4:] == pytest.approx([0.2] * 8)
+    assert "this project's choice" in recipes.__doc__ and "inverse_sqrt" in recipes.__doc__
