@@ -47,13 +47,16 @@ def test_recipe_sets_the_papers_values_with_their_sources(recipe):
 ])
 def test_the_recipe_derives_update_freq_from_the_processes_and_prints_the_batch(world, flags, update_freq,
                                                                               monkeypatch, capsys):
-    from resmlp.commands.translate import _update_freq
+    from resmlp.commands import translate
     from resmlp.seq2seq.recipes import TOKENS_PER_UPDATE
 
     assert TOKENS_PER_UPDATE[0] == 3584 * 128 == 458_752  # Ott et al. section 3.6 follows: ~460k tokens per update
     monkeypatch.setenv("WORLD_SIZE", world)
     monkeypatch.delenv("RANK", raising=False)
-    assert _update_freq(_train_args("--recipe", "wmt14-en-de", *flags)) == update_freq
+    trained = []
+    monkeypatch.setattr("resmlp.seq2seq.train.train_translation", lambda cfg, resume: trained.append(cfg) or {})
+    args = _train_args("--recipe", "wmt14-en-de", *flags)
+    assert translate.run_translate_train(args) == 0 and trained[0].update_freq == update_freq
     printed = capsys.readouterr().err
     tokens = int(flags[1]) if "--max-tokens" in flags else 3584
     assert f"{tokens} tokens per batch x {update_freq} batches per update (--update-freq) x {world} processes = " \
@@ -61,8 +64,21 @@ def test_the_recipe_derives_update_freq_from_the_processes_and_prints_the_batch(
     if "--update-freq" not in flags:
         assert tokens * update_freq * int(world) >= 458_752 > tokens * (update_freq - 1) * int(world)
     monkeypatch.setenv("RANK", "1")  # other ranks print nothing
-    _update_freq(_train_args("--recipe", "wmt14-en-de", *flags))
-    assert capsys.readouterr().err == ""
+    translate.run_translate_train(args)
+    assert "tokens per update" not in capsys.readouterr().err
+
+
+def test_a_recipe_batch_beyond_update_freqs_range_or_a_bad_world_size_is_one_line(monkeypatch, capsys):
+    from resmlp.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["translate", "train", "--recipe", "wmt14-en-de", "--max-tokens", "64", "--data", "D",
+                 "--output", "O"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "7168 batches of --max-tokens 64" in err and "raise --max-tokens" in err
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    assert main(["translate", "train", "--recipe", "wmt14-en-de", "--data", "D", "--output", "O"]) == 2
+    assert "WORLD_SIZE='two'" in capsys.readouterr().err
 
 
 def test_without_recipe_one_batch_makes_an_update():

@@ -171,6 +171,8 @@ def run_translate_train(args: argparse.Namespace) -> int:
         clip_norm=args.clip_norm, precision=args.precision, beam=args.beam, lenpen=args.lenpen,
         seed=args.seed, device=args.device, threads=args.threads, progress=args.progress,
     )
+    if args.recipe is not None:
+        _print_batch(cfg, args.recipe)
     _preparing(args)
     summary = train_translation(cfg, resume=args.resume)
     if summary:
@@ -188,18 +190,30 @@ def _processes() -> int:
 
 def _update_freq(args: argparse.Namespace) -> int:
     """--update-freq as given (default 1); with --recipe and none given, the fewest batches per process whose tokens
-    make the recipe's tokens per update with this many processes. A recipe run prints its effective batch (rank 0)."""
-    if args.recipe is None:
+    make the recipe's tokens per update with this many processes (WORLD_SIZE)."""
+    if args.update_freq is not None or args.recipe is None or args.max_tokens < 1:  # TranslationConfig checks them
         return 1 if args.update_freq is None else args.update_freq
+    from resmlp.seq2seq.config import RANGES
     from resmlp.seq2seq.recipes import TOKENS_PER_UPDATE
 
     world, target = _processes(), TOKENS_PER_UPDATE[0]
-    freq = args.update_freq or max(1, math.ceil(target / (args.max_tokens * world)))
-    if os.environ.get("RANK", "0") == "0":
-        print(f"--recipe {args.recipe}: {args.max_tokens} tokens per batch x {freq} batches per update (--update-freq)"
-              f" x {world} processes = {args.max_tokens * freq * world:,} tokens per update at most (paper: "
-              f"{target:,}, {TOKENS_PER_UPDATE[1]})", file=sys.stderr, flush=True)
+    freq = max(1, math.ceil(target / (args.max_tokens * world)))
+    if freq > RANGES["update_freq"][1]:
+        raise ValueError(f"--recipe {args.recipe}: {target:,} tokens per update would take {freq} batches of "
+                         f"--max-tokens {args.max_tokens} on {world} processes, more than --update-freq allows "
+                         f"({RANGES['update_freq'][1]}); raise --max-tokens")
     return freq
+
+
+def _print_batch(cfg, recipe: str) -> None:
+    """A recipe run's effective batch, once (rank 0), against the paper's."""
+    from resmlp.seq2seq.recipes import TOKENS_PER_UPDATE
+
+    world = _processes()
+    if os.environ.get("RANK", "0") == "0":
+        print(f"--recipe {recipe}: {cfg.max_tokens} tokens per batch x {cfg.update_freq} batches per update "
+              f"(--update-freq) x {world} processes = {cfg.max_tokens * cfg.update_freq * world:,} tokens per update "
+              f"at most (paper: {TOKENS_PER_UPDATE[0]:,}, {TOKENS_PER_UPDATE[1]})", file=sys.stderr, flush=True)
 
 
 def _run_config(checkpoint: str):
