@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from resmlp.commands.common import add_training_arguments, recipe_for, training_overrides
+from resmlp.commands.common import add_training_arguments, print_dry_run, recipe_for, stopped_early, training_overrides
 
 
 def _freeze(value: str) -> int | str:
@@ -33,8 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_finetune(args: argparse.Namespace) -> int:
     from resmlp.commands.train import print_summary
     from resmlp.train import finetune
+    from resmlp.train.run import finetune_config
 
+    if args.dry_run:
+        return print_dry_run(args, lambda more: finetune_config(
+            args.checkpoint, recipe_for(args), {**training_overrides(args), **more}, args.img_size, args.freeze,
+            args.layer_decay, check_memory=False))
     summary = finetune(args.checkpoint, recipe_for(args), args.output, training_overrides(args), args.img_size,
-                       args.freeze, args.layer_decay, args.resume)
-    print_summary(summary, args.output)
+                       args.freeze, args.layer_decay, args.resume, args.max_steps)
+    if not stopped_early(summary, args):
+        print_summary(summary, args.output)
     return 0

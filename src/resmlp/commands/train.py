@@ -14,7 +14,9 @@ from resmlp.commands.common import (
     add_training_arguments,
     amp_value,
     batch_size,
+    print_dry_run,
     recipe_for,
+    stopped_early,
     training_overrides,
 )
 
@@ -68,8 +70,13 @@ def run_train(args: argparse.Namespace) -> int:
              "distill.cache": args.distill_cache, "distill.allow_random_teacher": args.allow_random_teacher,
              "model.name": args.initial_checkpoint}
     overrides = training_overrides(args, {k: v for k, v in extra.items() if v is not None})
-    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume)
-    print_summary(summary, args.output)
+    if args.dry_run:
+        from resmlp.train.config import load_config
+
+        return print_dry_run(args, lambda more: load_config(recipe_for(args), {**overrides, **more}, False))
+    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume, max_steps=args.max_steps)
+    if not stopped_early(summary, args):
+        print_summary(summary, args.output)
     return 0
 
 

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from resmlp.build import build_model, check_constructor_keys, parse_model_name
-from resmlp.complexity import dino_memory_bytes, evaluation_memory_bytes, training_memory_bytes
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
 from resmlp.preprocess import INTERPOLATIONS
 from resmlp.runtime import DEVICE_NAME, training_device_memory_bytes
+from resmlp.train import memory, value_checks
 from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
 from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
 
@@ -36,7 +36,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "data.val_seed": (0, 2**32 - 1), "data.permute_seed": (0, 2**32 - 1), "data.synthetic_classes": (1, 100_000),
     "data.num_workers": (0, 256), "data.mixup": (0, 100), "data.cutmix": (0, 100), "optim.weight_decay": (0, 100),
     "schedule.warmup_epochs": (0, 100_000), "schedule.decay_epochs": (0, 100_000),
-    "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
+    "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096), "train.checkpoint_hist": (0, 100_000),
     "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1), "optim.eps": (0, 1),
     "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
     "schedule.decay_rate": (0, 1),
@@ -52,11 +52,12 @@ RANGES: dict[str, tuple[float, float]] = {
 SIZE_LISTS = {"data.synthetic_size": (1, 10_000_000)}  # every item of these lists
 
 
-def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> TrainConfig:
+def validate(raw: dict[str, Any], sources: dict[str, str] | None = None, check_memory: bool = True) -> TrainConfig:
     """Check every section, key, type and value; raise one ConfigError listing all problems.
 
     `sources` names where a dotted key's value came from (a recipe file, the command line), for the messages;
-    keys without one are named as the recipe's.
+    keys without one are named as the recipe's. check_memory=False: no refusal for this machine's memory (a
+    dry run prints the estimate instead: its run may be meant for another machine).
     """
     check_keys_are_strings(raw)
     errors: list[str] = []
@@ -83,7 +84,7 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
              else v for k, v in model.items()}  # YAML reads 1e-9 as a string
     cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=model, **sections)
     errors += _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
-    if not errors:  # the memory estimate needs sizes that are each in range
+    if not errors and check_memory:  # the memory estimate needs sizes that are each in range
         errors += _check_memory(cfg)
     errors += _check_values(cfg)  # on the well-typed keys, so one run reports every problem
     model_sources = (sorted({v for k, v in (sources or {}).items() if k.startswith("model.")})
@@ -125,11 +126,8 @@ def _check_memory(cfg: TrainConfig) -> list[str]:
         config = cfg.model_config(cfg.data.synthetic_classes if cfg.data.kind == "synthetic" else None)
     except (ValueError, TypeError):
         return []  # _check_model reports it
-    micro_batch = max(1, cfg.train.batch_size // (cfg.train.grad_accum * int(os.environ.get("WORLD_SIZE", "1"))))
-    dn = cfg.dino
-    dino = 0 if cfg.task_name != "dino" else dino_memory_bytes(
-        config.dim, dn.out_dim, dn.hidden_dim, dn.bottleneck_dim, 2 + dn.num_local, config.img_size, micro_batch)
-    need = training_memory_bytes(config, micro_batch) + evaluation_memory_bytes(config.num_classes) + dino
+    micro_batch = memory.micro_batch(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    need, dino = memory.training_need_bytes(cfg, config, micro_batch), cfg.task_name == "dino"
     have = training_device_memory_bytes(cfg.train.device)  # one process's share (WORLD_SIZE) on its device
     if have is None or need <= have:
         return []
@@ -311,6 +309,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
          f"train.compile: {t.compile!r} is not one of auto, true, false")
     need(o.layer_decay is None or 0 < o.layer_decay <= 1, f"optim.layer_decay must be in (0, 1], got {o.layer_decay}")
     need(DEVICE_NAME.fullmatch(t.device) is not None, f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
+    errors += value_checks.check_loggers(t)
     return errors + _check_paradigm_sections(cfg)
 
 

@@ -22,6 +22,20 @@ def check_keys_are_strings(raw: dict[Any, Any]) -> None:
                           "words such as train or batch_size (quote a key that YAML reads as a number or null)")
 
 
+# the optional experiment loggers (resmlp.reporting): train.<key> -> (the package it needs, its name for users)
+LOGGER_PACKAGES = {"log_wandb": ("wandb", "Weights & Biases"), "log_mlflow": ("mlflow", "MLflow")}
+
+
+def check_loggers(train: Any) -> list[str]:
+    """An experiment logger switched on whose package is not installed: one line naming `pip install`."""
+    import importlib.util
+    import sys
+
+    return [f"train.{key}: {what} logging needs the {package} package, which is not installed: pip install {package}"
+            for key, (package, what) in LOGGER_PACKAGES.items()
+            if getattr(train, key) and package not in sys.modules and importlib.util.find_spec(package) is None]
+
+
 def check_teacher(teacher: str) -> list[str]:
     """distill.teacher in the model grammar, a timm teacher one that timm knows."""
     import timm
