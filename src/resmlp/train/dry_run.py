@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,8 @@ def _validated(load: Callable[[dict[str, Any]], TrainConfig], data_dir: str | No
     except ConfigError as e:
         if "data.dir:" not in str(e):
             raise
-    with tempfile.TemporaryDirectory(prefix="resmlp-dry-run-") as stand_in:
+    with tempfile.TemporaryDirectory(prefix="resmlp-dry-run-") as stand_in, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the first try printed the config's notes already
         cfg = load({"data.dir": stand_in})
     cfg.data.dir = data_dir
     where = f"data.dir {data_dir} does not exist here" if data_dir else "no data.dir given (--data-dir DIR)"
@@ -118,8 +120,8 @@ def _meta_model(cfg: TrainConfig, classes: int) -> tuple[torch.nn.Module | None,
                 return None, 0
             model = ResMLP(dataclasses.replace(config, num_classes=classes, img_size=img_size))
         else:
-            model = build_model_for_input(name, num_classes=classes, in_chans=in_chans, img_size=img_size,
-                                          **cfg.constructor_overrides)
+            model = build_model_for_input(name, num_classes=classes, img_size=img_size,
+                                          **{"in_chans": in_chans, **cfg.constructor_overrides})
     return model, count_params(model)
 
 

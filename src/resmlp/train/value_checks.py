@@ -28,12 +28,19 @@ LOGGER_PACKAGES = {"log_wandb": ("wandb", "Weights & Biases"), "log_mlflow": ("m
 
 def check_loggers(train: Any) -> list[str]:
     """An experiment logger switched on whose package is not installed: one line naming `pip install`."""
+    return [f"train.{key}: {what} logging needs the {package} package, which is not installed: pip install {package}"
+            for key, (package, what) in LOGGER_PACKAGES.items()
+            if getattr(train, key) and not _installed(package)]
+
+
+def _installed(package: str) -> bool:
+    """Imported already (a test's stub included), or importable; None in sys.modules blocks an import."""
     import importlib.util
     import sys
 
-    return [f"train.{key}: {what} logging needs the {package} package, which is not installed: pip install {package}"
-            for key, (package, what) in LOGGER_PACKAGES.items()
-            if getattr(train, key) and package not in sys.modules and importlib.util.find_spec(package) is None]
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
 
 
 def check_teacher(teacher: str) -> list[str]:
