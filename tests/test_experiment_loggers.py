@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 import types
 
-from resmlp.cli import main
 from test_run_controls import TINY, sets
+
+from resmlp.cli import main
 
 
 class StubWandbRun:

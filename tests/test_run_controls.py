@@ -78,7 +78,7 @@ def test_checkpoint_history_keeps_the_n_best(tmp_path):
     model = _tiny_model()
     for epoch, score in enumerate([10.0, 30.0, 20.0, 5.0, 20.0], start=1):
         kept = history.keep_best(tmp_path, 2, model, {"epoch": epoch}, epoch, score)
-    assert [(e["epoch"], e["score"]) for e in kept] == [(2, 30.0), (3, 20.0)]  # a tie with the worst kept does not evict it
+    assert [(e["epoch"], e["score"]) for e in kept] == [(2, 30.0), (3, 20.0)]  # a tie with the worst kept: not kept
     assert _files(tmp_path) == {"checkpoint-2.safetensors", "checkpoint-3.safetensors"}
     assert history.kept_checkpoints(tmp_path) == kept
 
