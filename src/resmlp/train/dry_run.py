@@ -111,13 +111,13 @@ def _meta_model(cfg: TrainConfig, classes: int) -> tuple[torch.nn.Module | None,
 
     name = cfg.model_name
     in_chans, img_size = cfg.input_shape()
+    config = _file_config(name.name) if name.kind == "file" else None  # timm's and DeiT's files: read, on the CPU
+    if name.kind == "file" and config is None:  # a timm/torchvision model's file: built when the run reads it
+        return None, 0
     with torch.device("meta"):
         if name.kind == "preset":
             model = ResMLP(cfg.model_config(classes))
         elif name.kind == "file":
-            config = _file_config(name.name)
-            if config is None:  # a timm/torchvision model's file: built when the run reads it
-                return None, 0
             model = ResMLP(dataclasses.replace(config, num_classes=classes, img_size=img_size))
         else:
             model = build_model_for_input(name, num_classes=classes, img_size=img_size,
