@@ -49,6 +49,10 @@ def test_export_analyze_and_benchmark_take_a_tag(hub, tmp_path, capsys):
     assert "input (batch, 3, 16, 16)" in capsys.readouterr().out
     assert main(["analyze", "resmlp_s12.fb_in1k", "--out", str(tmp_path / "an"), "--no-progress"]) == 0
     assert (tmp_path / "an" / "sparsity.json").is_file()
+    from resmlp.analysis.benchmark import build_model, parse_spec
+
+    model, shape = build_model(parse_spec("resmlp_s12.fb_in1k"))
+    assert shape == (3, 16, 16) and model.config.dim == 16  # the cached weights' model
 
 
 def test_train_pretrained_starts_from_the_published_weights(hub, tmp_path, capsys):
