@@ -135,6 +135,8 @@ def _memory_line(cfg: TrainConfig, model: torch.nn.Module | None, per_process: i
     here = "unknown" if have is None else f"{have / 2**30:.1f} GiB, so it fits" if need <= have else (
         f"{have / 2**30:.1f} GiB, so it does NOT fit: the run would be refused here; spread the batch over more "
         "processes (check with WORLD_SIZE=N) or raise train.grad_accum")
+    extra = ", DINO head and crops" if cfg.task_name == "dino" else ""
+    teacher = "; the teacher's memory not included" if cfg.distill.teacher else ""
     return (f"at least {need / 2**30:.1f} GiB per process at {per_process} images per pass (weights, optimizer "
-            f"state, activations, the confusion matrix{', DINO head and crops' if cfg.task_name == 'dino' else ''});"
-            f" this machine's {cfg.train.device} device: {here}")
+            f"state, activations, the confusion matrix{extra}{teacher}); this machine's {cfg.train.device} device: "
+            f"{here}")
