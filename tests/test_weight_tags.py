@@ -64,6 +64,9 @@ def test_train_pretrained_starts_from_the_published_weights(hub, tmp_path, capsy
     assert "name: resmlp_s12.fb_in1k" in out and "(task finetune)" in out and "0.01 M parameters, 4 classes" in out
     assert main(["train", "--model", "resmlp_s12", "--pretrained", "--output", str(tmp_path / "r"), "--max-steps",
                  "1", *flags]) == 0
+    assert main(["finetune", "resmlp_s12", "--pretrained", "--output", str(tmp_path / "f"), "--max-steps", "1",
+                 *flags]) == 0
+    assert "continue it with: resmlp finetune resmlp_s12.fb_in1k --output" in capsys.readouterr().out
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["model"]["name"] == "resmlp_s12.fb_in1k" and config["task"] is None  # the tag, not a path
     state = torch.load(tmp_path / "r" / "last.pth", weights_only=True)
