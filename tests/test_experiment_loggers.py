@@ -49,7 +49,7 @@ def test_wandb_and_mlflow_get_the_config_and_every_epoch(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", stub_mlflow(mlflow_calls))
     run = tmp_path / "run"
     assert main(["train", "--output", str(run), "--log-wandb", "--log-mlflow", *sets(TINY),
-                 "--set", "train.experiment=fmnist"]) == 0
+                 "--experiment", "fmnist"]) == 0
     (kind, init), *logs, finish = wandb_calls
     assert kind == "init" and init["project"] == "fmnist" and init["name"] == "run" and init["dir"] == str(run)
     assert init["config"]["train"]["log_wandb"] is True and init["config"]["model"]["dim"] == 32

@@ -90,6 +90,8 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                             help="log metrics to Weights & Biases (pip install wandb)")),
     "--log-mlflow": ("train.log_mlflow", dict(action="store_true", default=None,
                                               help="log metrics to MLflow (pip install mlflow)")),
+    "--experiment": ("train.experiment", dict(metavar="NAME",
+                                              help="the W&B project / MLflow experiment (default: resmlp)")),
 }
 
 
