@@ -30,9 +30,10 @@ FIXED_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
 ASSUMED_CLASSES = 1000  # ImageNet's, the dataset of the full-size recipes
 
 
-def dry_run(load: Callable[[dict[str, Any]], TrainConfig], data_dir: str | None) -> str:
+def dry_run(load: Callable[[dict[str, Any]], TrainConfig], data_dir: str | None, resume: bool = False) -> str:
     """The report of a dry run. `load(extra)` validates the run's config with extra overrides (without the
-    memory refusal); `data_dir` is the data.dir the user gave or the recipe holds (None: none)."""
+    memory refusal); `data_dir` is the data.dir the user gave or the recipe holds (None: none); `resume`: the
+    run would continue a state file (not read here)."""
     adopt_slurm_ranks()  # the processes of a SLURM job step, as the run counts them
     cfg, unchecked = _validated(load, data_dir)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
@@ -54,6 +55,8 @@ def dry_run(load: Callable[[dict[str, Any]], TrainConfig], data_dir: str | None)
     if cfg.distill.teacher:
         unchecked.append(f"the teacher {cfg.distill.teacher}'s weights and outputs (read at the start of the run)")
     unchecked.append("the images themselves, the dataset's size and steps per epoch (read at the start of the run)")
+    if resume:
+        unchecked.append("the state file the run would resume and whether its settings agree (read at its start)")
     return "\n".join(lines + [f"  not checked:      {item}" for item in unchecked])
 
 
@@ -125,6 +128,10 @@ def _meta_model(cfg: TrainConfig, classes: int) -> tuple[torch.nn.Module | None,
     return model, count_params(model)
 
 
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+
+
 def _memory_line(cfg: TrainConfig, model: torch.nn.Module | None, per_process: int) -> str:
     config = getattr(model, "config", None)
     if config is None:
@@ -137,6 +144,6 @@ def _memory_line(cfg: TrainConfig, model: torch.nn.Module | None, per_process: i
         "processes (check with WORLD_SIZE=N) or raise train.grad_accum")
     extra = ", DINO head and crops" if cfg.task_name == "dino" else ""
     teacher = "; the teacher's memory not included" if cfg.distill.teacher else ""
-    return (f"at least {need / 2**30:.1f} GiB per process at {per_process} images per pass (weights, optimizer "
+    return (f"at least {_size(need)} per process at {per_process} images per pass (weights, optimizer "
             f"state, activations, the confusion matrix{extra}{teacher}); this machine's {cfg.train.device} device: "
             f"{here}")
