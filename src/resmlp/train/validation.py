@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
 import types
 import typing
@@ -24,7 +23,7 @@ from resmlp.build import build_model, check_constructor_keys, parse_model_name
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
 from resmlp.preprocess import INTERPOLATIONS
-from resmlp.runtime import DEVICE_NAME, training_device_memory_bytes
+from resmlp.runtime import DEVICE_NAME
 from resmlp.train import memory, value_checks
 from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
 from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
@@ -85,7 +84,7 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None, check_m
     cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=model, **sections)
     errors += _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
     if not errors and check_memory:  # the memory estimate needs sizes that are each in range
-        errors += _check_memory(cfg)
+        errors += memory.check_memory(cfg)
     errors += _check_values(cfg)  # on the well-typed keys, so one run reports every problem
     model_sources = (sorted({v for k, v in (sources or {}).items() if k.startswith("model.")})
                      or [f"recipe {cfg.recipe}"])
@@ -118,24 +117,6 @@ def _check_ranges(cfg: TrainConfig, sources: dict[str, str], default_source: str
             errors.append(f"model.{key}={value!r} (from {sources.get(f'model.{key}', default_source)}): expected "
                           "a finite number")
     return errors
-
-
-def _check_memory(cfg: TrainConfig) -> list[str]:
-    """A preset model whose training would not fit in this machine's memory, refused before it is built."""
-    try:
-        config = cfg.model_config(cfg.data.synthetic_classes if cfg.data.kind == "synthetic" else None)
-    except (ValueError, TypeError):
-        return []  # _check_model reports it
-    micro_batch = memory.micro_batch(cfg, int(os.environ.get("WORLD_SIZE", "1")))
-    need, dino = memory.training_need_bytes(cfg, config, micro_batch), cfg.task_name == "dino"
-    have = training_device_memory_bytes(cfg.train.device)  # one process's share (WORLD_SIZE) on its device
-    if have is None or need <= have:
-        return []
-    return [f"model: training {cfg.model['name']} (dim {config.dim}, depth {config.depth}, {config.img_size} px, "
-            f"{config.num_classes} classes{', with DINO' if dino else ''}) at a batch of {micro_batch} needs at least "
-            f"{need / 2**30:.1f} GiB for weights, optimizer state, activations and the evaluation's confusion "
-            f"matrix, more than this device's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
-            "train.grad_accum), model.dim, model.depth, model.img_size, the classes or dino.out_dim"]
 
 
 _MODEL_FLOATS = ("mlp_ratio", "layerscale_init", "drop_rate", "drop_path_rate")
