@@ -7,6 +7,7 @@ config.json, so `--resume` alone continues the run to its schedule's end.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from resmlp.train.state import STATE_FILE
@@ -21,11 +22,12 @@ def at_step_limit(trainer: TrainerView) -> bool:
     return limit is not None and trainer.global_step >= limit
 
 
-def stop_at_step_limit(trainer: TrainerView) -> dict[str, Any]:
-    """Write the resumable state where the step limit stopped the run, say so, and return what the commands
-    print from: no scores (the epoch was not finished, nothing was evaluated)."""
+def stop_at_step_limit(trainer: TrainerView, save_state: Callable[[], None]) -> dict[str, Any]:
+    """Write the resumable state where the step limit stopped the run (`save_state`: the trainer's writer, which
+    every rank calls), say so, and return what the commands print from: no scores (the epoch was not finished,
+    nothing was evaluated)."""
     state = trainer.out / STATE_FILE
-    trainer.save_state()
+    save_state()
     if trainer.info.is_main:
         print(f"stopped at the step limit (--max-steps {trainer.max_steps}): {trainer.global_step} optimizer steps, "
               f"epoch {trainer.epoch + 1} of {trainer.cfg.schedule.epochs} at step {trainer.step_in_epoch} of "

@@ -146,7 +146,7 @@ class Trainer:
                 if self.step_in_epoch == self.steps_per_epoch:  # not stopped by --max-steps within the epoch
                     self._end_epoch()
             if self.epoch < self.cfg.schedule.epochs:
-                return stop_at_step_limit(self)
+                return stop_at_step_limit(self, self._save_state)
         finally:
             if self.info.is_main:
                 self.tb.close()
@@ -178,7 +178,7 @@ class Trainer:
             if save_now or self._read_due():
                 self._read(bar, images_seen, epoch_start)
             if save_now:
-                self.save_state()
+                self._save_state()
         if self.steps_at_read != self.step_in_epoch or self.step_in_epoch == 0:
             self._read(bar, images_seen, epoch_start)
         if bar is not None:
@@ -335,9 +335,9 @@ class Trainer:
             if improved:
                 save(eval_model, self.out / "best.safetensors", checkpoint_metadata(self, row))
             side_outputs(self, row, eval_model, score)
-        self.save_state()
+        self._save_state()
 
-    def save_state(self) -> None:
+    def _save_state(self) -> None:
         if self.info.is_main:
             save_state(self.out / STATE_FILE, snapshot(self))
         barrier(self.info)

@@ -47,5 +47,3 @@ class TrainerView(Protocol):
     compile_choice: Any  # resmlp.train.step.CompileChoice
     tb: Any  # reporting.RunLogs: TensorBoard and the optional experiment loggers (rank 0)
     max_steps: int | None  # the step limit of a smoke run (resmlp.train.controls)
-
-    def save_state(self) -> None: ...
