@@ -170,6 +170,10 @@ def test_dry_run_of_the_full_size_recipes_without_imagenet(tmp_path, capsys, mon
     assert "effective batch:  2048 = 2048 per process x 1 process x 1 accumulation step" in out
     assert "memory estimate:  at least 20.9 GiB per process" in out
     assert "not checked:      the dataset: no data.dir given" in out
+    assert main(["train", "--recipe", "deit", "--output", str(tmp_path / "deit"), "--dry-run",
+                 "--set", f"data.dir={tmp_path / 'imagenet'}"]) == 0
+    out = capsys.readouterr().out
+    assert f"dir: {tmp_path / 'imagenet'}" in out and f"data.dir {tmp_path / 'imagenet'} does not exist here" in out
     monkeypatch.setenv("WORLD_SIZE", "16")  # the cluster launch it is meant for
     assert main(["pretrain", "dino", "--recipe", "dino-imagenet", "--output", str(tmp_path / "dino"),
                  "--dry-run", "--set", "train.grad_accum=2"]) == 0

@@ -161,7 +161,8 @@ def print_dry_run(args: argparse.Namespace, load) -> int:
     overrides."""
     from resmlp.train.dry_run import dry_run, recipe_data_dir
 
-    print(dry_run(load, recipe_data_dir(recipe_for(args), args.flag_data_dir), bool(args.resume)))
+    given = training_overrides(args).get("data.dir")  # --data-dir or --set data.dir=...
+    print(dry_run(load, recipe_data_dir(recipe_for(args), given), bool(args.resume)))
     return 0
 
 
