@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -142,7 +143,10 @@ SLURM_CHILD = textwrap.dedent("""
 def test_two_processes_join_from_slurm_variables_alone(tmp_path):
     """Two processes as srun starts them: no torchrun variables, gloo rendezvous on the first node."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR")}
-    env.update(SLURM_NTASKS="2", SLURM_NNODES="1", SLURM_NODELIST="localhost", MASTER_PORT="29561",
+    with socket.socket() as probe:  # a free port: other test runs may share this machine
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    env.update(SLURM_NTASKS="2", SLURM_NNODES="1", SLURM_NODELIST="localhost", MASTER_PORT=str(port),
                PYTHONPATH=os.pathsep.join(sys.path))
     procs = [subprocess.Popen([sys.executable, "-c", SLURM_CHILD], env={**env, "SLURM_PROCID": str(r),
                                                                         "SLURM_LOCALID": str(r)},
