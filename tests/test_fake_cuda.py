@@ -83,6 +83,7 @@ def test_every_optimizer_trains_on_the_gpu_without_a_host_wait_per_step(tmp_path
     {"train.grad_accum": 2},
     {"train.channels_last": True},
     {"train.checkpoint_every_steps": 3},
+    {"train.checkpoint_hist": 1},  # the N best checkpoints: written at the epoch's end, never within a step
     {"train.compile": "auto"},  # up to its decision: too short a run to compile
     {"data.batch_augment": False},  # the DataLoader path: pinned batches, the side-stream prefetch
 ], ids=lambda s: next(iter(s)))

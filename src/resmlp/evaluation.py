@@ -89,7 +89,13 @@ def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: in
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file, or a run folder (its best.safetensors)."""
+    """A checkpoint file, a run folder (its best.safetensors), or published weights named as timm names them
+    (resmlp_s12.fb_in1k: their file in the cache, resmlp.models.weight_tags)."""
+    from resmlp.models.weight_tags import tagged_weights
+
+    weights = None if Path(path).exists() else tagged_weights(str(path))
+    if weights is not None:
+        return weights
     path = Path(path)
     if path.is_dir():
         best = path / "best.safetensors"

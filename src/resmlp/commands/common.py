@@ -84,6 +84,14 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--data-dir": ("data.dir", dict(metavar="DIR", help="dataset folder")),
     "--no-progress": ("train.progress", dict(action="store_false", default=None,
                                              help="no progress bars (per-epoch lines only)")),
+    "--checkpoint-hist": ("train.checkpoint_hist", dict(type=int, metavar="N",
+                                                        help="keep the N best epochs' checkpoints as timm does")),
+    "--log-wandb": ("train.log_wandb", dict(action="store_true", default=None,
+                                            help="log metrics to Weights & Biases (pip install wandb)")),
+    "--log-mlflow": ("train.log_mlflow", dict(action="store_true", default=None,
+                                              help="log metrics to MLflow (pip install mlflow)")),
+    "--experiment": ("train.experiment", dict(metavar="NAME",
+                                              help="the W&B project / MLflow experiment (default: resmlp)")),
 }
 
 
@@ -111,6 +119,51 @@ def add_training_arguments(parser: argparse.ArgumentParser, default_recipe: str,
         group.add_argument(flag, dest=_dest(flag), **{**_metavar(flag, kwargs), "help": f"{kwargs['help']} (= {key})"})
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any recipe key, value parsed as YAML (repeatable), e.g. --set optim.lr=1e-3")
+    parser.add_argument("--max-steps", type=step_count, metavar="N",
+                        help="stop after N optimizer steps of the run (a smoke run), writing a resumable state; not "
+                             "part of the recipe: --resume alone then continues to the schedule's end")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate the config, build the model on the meta device, print the resolved config, "
+                             "the memory estimate and the effective batch; read no images, write nothing")
+
+
+def step_count(text: str) -> int:
+    """--max-steps: a whole number of optimizer steps, at least 1."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+step_count.__name__ = "number of steps (1 or more)"
+
+
+def continue_command(args: argparse.Namespace) -> str:
+    """The command that resumes the run of training command `args`."""
+    words = ["resmlp", args.command, *([args.method] if args.command == "pretrain" else []),
+             *([args.checkpoint] if args.command == "finetune" else []), "--output", str(args.output), "--resume"]
+    return shlex.join(words)
+
+
+def stopped_early(summary: dict[str, Any], args: argparse.Namespace) -> bool:
+    """After a run that --max-steps stopped (the trainer said where): the command that continues it."""
+    from resmlp.runtime import is_main_process
+
+    if "stopped_at_step" not in summary:
+        return False
+    if is_main_process():
+        print(f"  continue it with: {continue_command(args)}")
+    return True
+
+
+def print_dry_run(args: argparse.Namespace, load) -> int:
+    """--dry-run: the report of resmlp.train.dry_run; `load(extra)` validates the command's config with extra
+    overrides."""
+    from resmlp.train.dry_run import dry_run, recipe_data_dir
+
+    given = training_overrides(args).get("data.dir")  # --data-dir or --set data.dir=...
+    print(dry_run(load, recipe_data_dir(recipe_for(args), given), bool(args.resume)))
+    return 0
 
 
 def recipe_for(args: argparse.Namespace) -> str | dict[str, Any]:

@@ -14,7 +14,9 @@ from resmlp.commands.common import (
     add_training_arguments,
     amp_value,
     batch_size,
+    print_dry_run,
     recipe_for,
+    stopped_early,
     training_overrides,
 )
 
@@ -37,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     kd.add_argument("--distill-cache", action="store_true", default=None,
                     help="run the teacher once per distinct image (fixed augmentation only; on a GPU each step "
                          "waits for the host to hash the batch; = distill.cache)")
+    p.add_argument("--pretrained", action="store_true",
+                   help="start from the model's published weights (resmlp_s12 -> resmlp_s12.fb_in1k, timm's tag; a "
+                        "new head for the data's classes): the finetune task")
     p.add_argument("--initial-checkpoint", metavar="CKPT",
                    help="start from this checkpoint (= model.name; the finetune task, see `resmlp finetune`)")
     p.set_defaults(run=run_train)
@@ -68,8 +73,19 @@ def run_train(args: argparse.Namespace) -> int:
              "distill.cache": args.distill_cache, "distill.allow_random_teacher": args.allow_random_teacher,
              "model.name": args.initial_checkpoint}
     overrides = training_overrides(args, {k: v for k, v in extra.items() if v is not None})
-    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume)
-    print_summary(summary, args.output)
+    if args.pretrained:
+        from resmlp.models.weight_tags import pretrained_name
+        from resmlp.train.config import load_config
+
+        name = overrides.get("model.name") or load_config(recipe_for(args), overrides, False).model["name"]
+        overrides["model.name"] = pretrained_name(str(name))
+    if args.dry_run:
+        from resmlp.train.config import load_config
+
+        return print_dry_run(args, lambda more: load_config(recipe_for(args), {**overrides, **more}, False))
+    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume, max_steps=args.max_steps)
+    if not stopped_early(summary, args):
+        print_summary(summary, args.output)
     return 0
 
 

@@ -141,6 +141,11 @@ def model_config(name: str, **overrides: Any) -> ResMLPConfig:
         close = difflib.get_close_matches(name, PRESETS, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else f"; available: {', '.join(list_models())}"
         raise ValueError(f"unknown model {name!r}{hint}")
+    if overrides.pop("dynamic_img_size", False):  # False: timm's default, accepted as timm's ViTs accept it
+        raise ValueError(f"dynamic_img_size=True: {name} has no dynamic image size, as its cross-patch layer is tied "
+                         "to the number of patches and no resampling of it is exact (docs/models.md, \"Resolution "
+                         "change\"); change the size once: model.set_input_size(img_size=N), create_model(..., "
+                         "img_size=N) or resmlp finetune CHECKPOINT --img-size N")
     return ResMLPConfig.from_dict({**PRESETS[name], **overrides})
 
 

@@ -144,6 +144,10 @@ class TrainSection:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # CPU threads for compute (torch.set_num_threads); None: torch's default
     progress: bool = True
+    checkpoint_hist: int = 0  # keep the N best epochs' checkpoints (timm's --checkpoint-hist; resmlp.train.history)
+    log_wandb: bool = False  # also log each epoch's metrics to Weights & Biases (timm's --log-wandb)
+    log_mlflow: bool = False  # ... and/or to MLflow (resmlp.reporting.RunLogs)
+    experiment: str | None = None  # the W&B project / MLflow experiment; None: resmlp
 
 
 @dataclass

@@ -41,6 +41,7 @@ from resmlp.runtime import (
     resolve_amp,
 )
 from resmlp.train.config import TrainConfig
+from resmlp.train.controls import at_step_limit, stop_at_step_limit
 from resmlp.train.outputs import checkpoint_metadata, run_summary, score_test_split, side_outputs
 from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
 from resmlp.train.step import (
@@ -61,8 +62,9 @@ class NonFiniteLossError(RuntimeError):
 class Trainer:
     """One training run; `fit()` does it. Public attributes are what tasks may read (see resmlp.train.tasks)."""
 
-    def __init__(self, cfg: TrainConfig, out: Path, info: DistInfo, resume: bool | str | Path, task: Task) -> None:
-        self.cfg, self.out, self.info, self.task = cfg, out, info, task
+    def __init__(self, cfg: TrainConfig, out: Path, info: DistInfo, resume: bool | str | Path, task: Task,
+                 max_steps: int | None = None) -> None:  # max_steps: resmlp.train.controls
+        self.cfg, self.out, self.info, self.task, self.max_steps = cfg, out, info, task, max_steps
         t, device = cfg.train, info.device
         self.state_path = state_to_resume(out, resume)
         self.amp = resolve_amp(t.amp, device)
@@ -137,11 +139,14 @@ class Trainer:
         if self.info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             reporting.write_json(self.out / "config.json", self.cfg.to_dict())
-            self.tb = reporting.TensorBoardLog(self.out / "tensorboard")
+            self.tb = reporting.RunLogs(self.out, self.cfg.to_dict())  # TensorBoard, W&B, MLflow
         try:
-            while self.epoch < self.cfg.schedule.epochs:
+            while self.epoch < self.cfg.schedule.epochs and not at_step_limit(self):
                 self._train_epoch()
-                self._end_epoch()
+                if self.step_in_epoch == self.steps_per_epoch:  # not stopped by --max-steps within the epoch
+                    self._end_epoch()
+            if self.epoch < self.cfg.schedule.epochs:
+                return stop_at_step_limit(self, self._save_state)
         finally:
             if self.info.is_main:
                 self.tb.close()
@@ -157,7 +162,7 @@ class Trainer:
         self.totals.reset()
         self.loss_before = self.epoch_totals[0].item()  # a resumed epoch's loss sum so far (host tensor)
         self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, 0.0
-        while self.step_in_epoch < self.steps_per_epoch:
+        while self.step_in_epoch < self.steps_per_epoch and not at_step_limit(self):
             seed_step(t.seed, self.global_step, self.info.rank)
             step_loss, images = self._forward_backward(micro_batches)
             images_seen += images
@@ -329,7 +334,7 @@ class Trainer:
             save(eval_model, self.out / "last.safetensors", checkpoint_metadata(self, row))
             if improved:
                 save(eval_model, self.out / "best.safetensors", checkpoint_metadata(self, row))
-            side_outputs(self, row)
+            side_outputs(self, row, eval_model, score)
         self._save_state()
 
     def _save_state(self) -> None:
