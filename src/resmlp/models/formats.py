@@ -87,6 +87,22 @@ def unwrap_state_dict(obj: Any, checkpoint_key: str | None = None) -> dict[str, 
     return strip_wrapper_prefixes(obj)
 
 
+def torch_file_origin(obj: Any) -> dict[str, Any]:
+    """What a torch file is, as far as its evaluation preprocessing goes: a resmlp training state ("state", with
+    the run's config), a DINO checkpoint ("dino": a student/teacher entry or 'backbone.' weights), or plain
+    weights ("weights")."""
+    if isinstance(obj, dict) and "version" in obj and isinstance(obj.get("config"), dict) and "model" in obj:
+        return {"kind": "state", "run_config": obj["config"]}
+    inner = obj
+    if isinstance(obj, dict) and not is_state_dict(obj):
+        if any(is_state_dict(obj.get(k)) for k in ("teacher", "student")):
+            return {"kind": "dino"}
+        inner = next((obj[k] for k in WRAPPER_KEYS if is_state_dict(obj.get(k))), None)
+    if is_state_dict(inner) and any(k.removeprefix("module.").startswith("backbone.") for k in inner):
+        return {"kind": "dino"}
+    return {"kind": "weights"}
+
+
 def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Remove 'module.' (DDP) and keep only a DINO wrapper's 'backbone.' weights, without the prefix."""
     out = {k.removeprefix("module."): v for k, v in state_dict.items()}
