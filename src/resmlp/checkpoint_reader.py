@@ -76,8 +76,9 @@ def read_state_dict(path: str | Path, allow_nonfinite: bool = False, checkpoint_
 
     Metadata: safetensors headers' 'config', 'timm', 'extra' entries as this project writes them; for torch
     files only 'torch', what the file is (`resmlp.models.formats.torch_file_origin`). Training checkpoints are
-    unwrapped (`resmlp.models.formats.unwrap_state_dict`; `checkpoint_key` picks the entry). Raises CheckpointError for everything `read_torch_file` refuses and for non-string
-    names, dtypes no weight has, and NaN/infinite values (`allow_nonfinite=True` only warns).
+    unwrapped (`resmlp.models.formats.unwrap_state_dict`; `checkpoint_key` picks the entry). Raises
+    CheckpointError for everything `read_torch_file` refuses and for non-string names, dtypes no weight has, and
+    NaN/infinite values (`allow_nonfinite=True` only warns).
     """
     path = Path(path)
     if path.suffix == ".safetensors":
