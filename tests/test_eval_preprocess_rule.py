@@ -150,3 +150,18 @@ def test_eval_and_predict_print_the_assumption_in_one_line_and_take_crop_pct(tmp
     with pytest.raises(SystemExit) as refused:  # argparse's one-line refusal, before any file is read
         main(["predict", str(deit), str(tmp_path / "data"), "--crop-pct", "1.5"])
     assert refused.value.code == 2 and "--crop-pct" in capsys.readouterr().err
+
+
+def test_the_probes_print_the_assumption_too(tmp_path, capsys):
+    dino = export_checkpoint(_resmlp(), tmp_path / "dino.pth", "dino")
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in range(2):
+            (tmp_path / "data" / split / f"c{c}").mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(
+                    tmp_path / "data" / split / f"c{c}" / f"{i}.png")
+    assert main(["eval-knn", str(dino), "--data", str(tmp_path / "data"), "--k", "2", "--threads", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "DINO's eval_knn.py" in captured.err
+    assert json.loads(captured.out.splitlines()[-1])["preprocess"]["crop_pct"] == 0.875

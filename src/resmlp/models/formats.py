@@ -52,9 +52,10 @@ AFFINE_3D = ("timm_resmlp",)
 
 # where training checkpoints keep the weights, in the order they are preferred: each code base's own choice.
 # timm's train.py files (state_dict, state_dict_ema): the EMA, as timm.create_model(checkpoint_path=...) takes
-# it (load_checkpoint's default use_ema=True); timm's validate.py takes state_dict unless given --use-ema. DeiT's main.py files (model, model_ema): `model`, the weights DeiT's --eval and
-# --resume load and report; their `model_ema` only by name (checkpoint_key="model_ema"). DINO's: the
-# teacher (the network DINO evaluates) before its student.
+# it (load_checkpoint's default use_ema=True); timm's validate.py takes state_dict unless given --use-ema.
+# DeiT's main.py files (model, model_ema): `model`, the weights DeiT's --eval and --resume load and report;
+# their `model_ema` only by name (checkpoint_key="model_ema"). DINO's: the teacher (the network DINO
+# evaluates) before its student.
 WRAPPER_KEYS = ("state_dict_ema", "state_dict", "model", "model_ema", "teacher", "student", "module")
 
 
