@@ -165,3 +165,13 @@ def test_the_probes_print_the_assumption_too(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "DINO's eval_knn.py" in captured.err
     assert json.loads(captured.out.splitlines()[-1])["preprocess"]["crop_pct"] == 0.875
+
+
+def test_the_state_of_a_timm_run_is_refused_naming_the_runs_safetensors(tmp_path, capsys):
+    model = build_model("timm:resnet10t", num_classes=3)
+    state = {"version": 2, "config": {"model": {"name": "timm:resnet10t"}, "data": {"kind": "synthetic"}},
+             "model": model.state_dict()}
+    torch.save(state, tmp_path / "last.pth")
+    assert main(["eval", str(tmp_path / "last.pth")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(tmp_path / "last.safetensors") in err and "timm:resnet10t" in err

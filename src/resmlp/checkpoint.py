@@ -234,6 +234,13 @@ def load_with_header(path: str | Path, allow_nonfinite: bool = False,
         layout = None if "timm" in meta or "torchvision" in meta else detect_format(tensors)
     except CheckpointError:
         layout = None  # _build_from_tensors refuses the file with its own message
+        state = meta.get("torch", {})
+        if state.get("kind") == "state":  # a timm:/torchvision: run's state holds no architecture to rebuild
+            model = (state.get("run_config") or {}).get("model")
+            name = model.get("name") if isinstance(model, dict) else None
+            raise CheckpointError(f"{path} is the training state of a {name!s:.60} run, which it cannot rebuild; "
+                                  f"evaluate the run's {Path(path).with_name('last.safetensors')} (the same weights, "
+                                  "with the run's preprocessing)") from None
     return _build_from_tensors(path, tensors, meta, overrides), {**meta, "layout": layout}
 
 
