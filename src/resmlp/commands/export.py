@@ -20,15 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from resmlp.checkpoint import load_with_metadata
+    from resmlp.checkpoint import load_with_header
     from resmlp.evaluation import resolve_checkpoint
     from resmlp.export import export, format_of, preprocessing_metadata
     from resmlp.models.resmlp import ResMLP
-    from resmlp.preprocess import Preprocess
+    from resmlp.preprocess import preprocess_of_file
 
     form = args.format or format_of(args.output)  # before reading the checkpoint: a bad name fails at once
     checkpoint = resolve_checkpoint(args.checkpoint)
-    model, metadata = load_with_metadata(checkpoint)
+    model, header = load_with_header(checkpoint)
+    metadata = header.get("extra") or {}
     model.eval()
     if not isinstance(model, ResMLP):
         from resmlp.models.torchvision_models import library_of
@@ -36,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{checkpoint} holds a {type(model).__name__} (a {library_of(model)} model): resmlp export "
                          "writes ResMLP and MLP-Mixer checkpoints only (other models export with torch.onnx.export "
                          "or their library's own tools)")
-    preprocess = Preprocess.from_metadata(metadata, model, dataset=metadata.get("dataset"))
+    preprocess = preprocess_of_file(header, model, dataset=metadata.get("dataset"))  # the rule eval and predict use
+    if preprocess.note:
+        print(preprocess.note)
     names = metadata.get("class_names")
     names = [str(n) for n in names] if isinstance(names, list) and len(names) == model.config.num_classes else None
     path = export(model, args.output, form, preprocessing_metadata(preprocess, names))
