@@ -52,6 +52,23 @@ def output_file(text: str) -> Path:
     return Path(output_path(text))
 
 
+def crop_pct(text: str) -> float:
+    """--crop-pct of eval and predict: the centre crop's share, from resmlp.preprocess.MIN_CROP_PCT to 1."""
+    value = float(text)
+    if not 0.1 <= value <= 1.0:  # resmlp.preprocess.MIN_CROP_PCT (not imported: --help runs without torch)
+        raise ValueError(text)
+    return value
+
+
+crop_pct.__name__ = "crop fraction (0.1 to 1)"
+
+
+def add_crop_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--crop-pct", type=crop_pct, metavar="F",
+                        help="evaluation centre crop: resize to img_size / F, crop img_size (default: the file's "
+                             "own, a run's, or the one assumed for its kind and printed; ResMLP's authors use 0.9)")
+
+
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 

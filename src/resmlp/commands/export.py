@@ -21,18 +21,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from resmlp.checkpoint import load_with_metadata
+    from resmlp.checkpoint import load_with_header
     from resmlp.evaluation import resolve_checkpoint
     from resmlp.export import export, format_of, preprocessing_metadata
     from resmlp.models.resmlp import ResMLP
     from resmlp.models.torchvision_models import library_of
-    from resmlp.preprocess import Preprocess
+    from resmlp.preprocess import preprocess_of_file
 
     form = args.format or format_of(args.output)  # before reading the checkpoint: a bad name fails at once
     checkpoint = resolve_checkpoint(args.checkpoint)
-    model, metadata = load_with_metadata(checkpoint)
+    model, header = load_with_header(checkpoint)
+    metadata = header.get("extra") or {}
     model.eval()
-    preprocess = Preprocess.from_metadata(metadata, model, dataset=metadata.get("dataset"))
+    preprocess = preprocess_of_file(header, model, dataset=metadata.get("dataset"))  # the rule eval and predict use
+    if preprocess.note:
+        print(preprocess.note)
     classes = model.config.num_classes if isinstance(model, ResMLP) else getattr(model, "num_classes", None)
     names = metadata.get("class_names")
     names = [str(n) for n in names] if isinstance(names, list) and len(names) == classes else None

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from resmlp.commands.common import (
+    add_crop_argument,
     add_output_argument,
     add_progress_argument,
     add_threads_argument,
@@ -61,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--batch-size", type=batch_size, default=256, metavar="N",
                        help="images per batch (default 256)")
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    add_crop_argument(e)
     add_threads_argument(e)
     e.set_defaults(run=run_eval)
 
@@ -118,6 +120,8 @@ def test_scores_line(summary: dict) -> str:
 def _print_scores(summary: dict) -> None:
     """The scores of an evaluation, printed before its files are written (a failed write keeps them shown)."""
     width = max(len(name) for name in summary["per_class_top1"])
+    if summary["preprocess_note"]:
+        print(summary["preprocess_note"])
     print(f"{summary['checkpoint']} on {summary['dataset']} ({summary['split']}, {summary['images']} images)")
     for name, acc in summary["per_class_top1"].items():
         print(f"  {name:<{width}}  {acc:6.2f}%")
@@ -134,7 +138,7 @@ def run_eval(args: argparse.Namespace) -> int:
     with process_settings(args.threads), output_lock(args.output):  # a folder a training holds is refused
         summary = evaluate(args.checkpoint, data=args.data, data_dir=args.data_dir, split=args.split,
                            output=args.output, batch_size=args.batch_size, device=args.device, amp=args.amp,
-                           progress=args.progress, announce=_print_scores)
+                           progress=args.progress, announce=_print_scores, crop_pct=args.crop_pct)
     if args.output:
         print(f"confusion matrix: {summary['confusion_matrix']}\nsummary: {args.output}/summary.json")
     split = summary["split"]

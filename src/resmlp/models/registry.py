@@ -11,8 +11,10 @@ from resmlp.models.mixer import MIXER_PRESETS
 from resmlp.models.resmlp import ResMLP, ResMLPConfig
 
 _S = dict(dim=384)
-# the authors start B24's LayerScale at 1e-6 although it has 24 blocks (S24: 1e-5): DeiT's resmlp_models.py
-# resmlpB_24 (init_scale=1e-6) and timm's resmlp_big_24 (init_values=1e-6)
+# the authors start B24/8's LayerScale at 1e-6 although it has 24 blocks (S24: 1e-5, CaiT's rule): DeiT's
+# resmlp_models.py resmlpB_24 (patch_size=8, init_scale=1e-6) and timm's resmlp_big_24_224 (patch 8,
+# init_values=1e-6). No published code defines the paper's B24/16 (Table 1): it takes B24/8's 1e-6, the
+# value of the same width and depth, rather than CaiT's 1e-5 for depth 24
 _B = dict(dim=768, layerscale_init=1e-6)
 
 PRESETS: dict[str, dict[str, Any]] = {

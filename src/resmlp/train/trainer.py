@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -49,6 +48,7 @@ from resmlp.train.step import (
     RunningTotals,
     UpdateGuard,
     all_finite,
+    lr_scheduler,
     optimizer_options,
     total_grad_norm,
 )
@@ -125,11 +125,7 @@ class Trainer:
                                              filter_bias_and_bn=True, layer_decay=cfg.optim.layer_decay,
                                              **optimizer_options(opt_name, self.info.device),
                                              **({} if cfg.optim.eps is None else {"eps": cfg.optim.eps}))
-        s = cfg.schedule
-        self.scheduler, _ = create_scheduler_v2(
-            self.optimizer, sched=s.name, num_epochs=s.epochs, decay_epochs=s.decay_epochs, decay_rate=s.decay_rate,
-            min_lr=s.min_lr, warmup_lr=s.warmup_lr, warmup_epochs=s.warmup_epochs, step_on_epochs=False,
-            updates_per_epoch=self.steps_per_epoch)
+        self.scheduler = lr_scheduler(self.optimizer, cfg.schedule, self.steps_per_epoch)
         self.ema = ModelEmaV3(self.model, decay=t.ema_decay) if t.ema else None
         self.scaler = grad_scaler(self.amp, self.info.device)
 
@@ -278,7 +274,8 @@ class Trainer:
         finite (fp16: the GradScaler skips steps with non-finite gradients itself)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = total_grad_norm(self.model, self.cfg.train.clip_grad) if self.scaler is None else None
+        t = self.cfg.train
+        grad_norm = total_grad_norm(self.model, t.clip_grad, t.clip_mode) if self.scaler is None else None
         ok = all_finite(step_loss, grad_norm)
         if self.info.enabled:  # one verdict for all ranks (no host read: a collective on the device)
             ok = all_reduce_sum((~ok).to(torch.int32).view(1), self.info)[0] == 0

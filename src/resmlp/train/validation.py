@@ -25,7 +25,7 @@ from resmlp.errors import ConfigError
 from resmlp.preprocess import INTERPOLATIONS
 from resmlp.runtime import DEVICE_NAME
 from resmlp.train import memory, value_checks
-from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
+from resmlp.train.sections import CLIP_MODES, SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
 from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
 
 # the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
@@ -257,8 +257,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     if d.test_dir is not None:
         need(Path(d.test_dir).is_dir(), f"data.test_dir: {d.test_dir} does not exist or is not a folder")
     need(d.permute in ("none", "patch", "global"), f"data.permute: {d.permute!r} is not one of none, patch, global")
-    need(d.interpolation in INTERPOLATIONS, f"data.interpolation: {d.interpolation!r} is not one of "
-                                            f"{', '.join(INTERPOLATIONS)}")
+    need(d.interpolation in INTERPOLATIONS, f"data.interpolation: {d.interpolation!r} is not one of {INTERPOLATIONS}")
     need(len(d.synthetic_size) == 2, f"data.synthetic_size: [train, val] image counts, got {d.synthetic_size}")
     if d.std is not None and d.mean is not None:
         need(len(d.mean) == len(d.std) and len(d.mean) in (1, 3, input_shape(cfg)[0]),
@@ -281,6 +280,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
     need(t.grad_accum >= 1, f"train.grad_accum must be >= 1, got {t.grad_accum}")
     need(t.clip_grad is None or t.clip_grad > 0, "train.clip_grad must be > 0 or null")
+    need(t.clip_mode in CLIP_MODES, f"train.clip_mode: {t.clip_mode!r} is not one of {', '.join(CLIP_MODES)}")
     need(t.amp in ("auto", "bf16", "fp16", "fp32", "none"),
          f"train.amp: {t.amp!r} is not one of auto, bf16, fp16, fp32 (or none)")
     need(t.threads is None or t.threads >= 1, f"train.threads must be >= 1 or null, got {t.threads}")
