@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     kd.add_argument("--teacher-weights", help="weights file of a timm:/torchvision: teacher (= distill.weights)")
     kd.add_argument("--allow-random-teacher", action="store_true", default=None,
                     help="distil from a timm:/torchvision: teacher without weights (= distill.allow_random_teacher)")
+    kd.add_argument("--teacher-classes-match", action="store_true", default=None,
+                    help="the teacher's logit i is the data's class i: admits a teacher whose file records no class "
+                         "names (= distill.classes_match)")
     kd.add_argument("--distill-type", choices=("hard", "soft"), help="= distill.type (default hard)")
     kd.add_argument("--distill-alpha", type=float, help="soft distillation: weight of the KL term (= distill.alpha)")
     kd.add_argument("--distill-tau", type=float, help="soft distillation: temperature (= distill.tau)")
@@ -66,6 +69,7 @@ def run_train(args: argparse.Namespace) -> int:
     extra = {"distill.teacher": args.distill, "distill.type": args.distill_type, "distill.alpha": args.distill_alpha,
              "distill.tau": args.distill_tau, "distill.weights": args.teacher_weights,
              "distill.cache": args.distill_cache, "distill.allow_random_teacher": args.allow_random_teacher,
+             "distill.classes_match": args.teacher_classes_match,
              "model.name": args.initial_checkpoint}
     overrides = training_overrides(args, {k: v for k, v in extra.items() if v is not None})
     summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume)
