@@ -153,10 +153,10 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                if isinstance(dataset, ArrayDataset) else None)
     batches = eval_batches_or_loader(dataset, batched, batch_size, num_workers, device=torch_device)
     if progress:
-        from tqdm.auto import tqdm
+        from resmlp.progress import progress_bar
 
-        batches = tqdm(batches, desc=f"eval {data} {split}", unit="batch", dynamic_ncols=True,
-                       total=-(-len(dataset) // batch_size))  # a generator has no len: the ETA needs the total
+        batches = progress_bar(batches, desc=f"eval {data} {split}", unit="batch",
+                               total=-(-len(dataset) // batch_size))  # a generator has no len: the ETA needs the total
     result = classify(loaded.model.to(torch_device), batches, len(names), torch_device, precision)
     confusion = result.pop("confusion")
     per_class = {name: round(100.0 * confusion[i, i] / max(confusion[i].sum(), 1), 2)

@@ -160,8 +160,8 @@ def translate(
     batch_size: int = 64, precision: str = "fp32", progress: bool = False,
 ) -> list[str]:
     """Detokenised translations on the model's device; empty lines give empty translations, long lines are
-    truncated. progress: a tqdm bar per batch on stderr."""
-    from tqdm.auto import tqdm
+    truncated. progress: a bar per batch on stderr (plain lines where it is no terminal)."""
+    from resmlp.progress import progress_bar
 
     model.eval()
     device = next(model.parameters()).device
@@ -171,8 +171,7 @@ def translate(
     ids = tok.encode([lines[i] for i in todo], model.config.max_len, what="source lines")
     order = sorted(range(len(todo)), key=lambda j: len(ids[j]))  # similar lengths: less padding
     starts = range(0, len(order), batch_size)
-    for start in tqdm(starts, desc="translate", unit="batch", file=sys.stderr, dynamic_ncols=True,
-                      disable=not progress):
+    for start in progress_bar(starts, desc="translate", unit="batch", file=sys.stderr, disable=not progress):
         chunk = order[start : start + batch_size]
         (src,) = _on(device, pad_batch([ids[j] for j in chunk]))
         with autocast(device, amp):
@@ -279,7 +278,7 @@ def train_translation(cfg: TranslationConfig, resume: bool = False) -> dict[str,
 
 
 def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> dict[str, Any]:
-    from tqdm.auto import tqdm
+    from resmlp.progress import progress_bar
 
     rank, world, device = info.rank, info.world_size, info.device
     amp = resolve_precision(cfg.precision, device)
@@ -322,8 +321,9 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     run_log = RunLog(out, step if ckpt is not None else None) if info.is_main else None
 
     budget = cfg.max_minutes * 60
-    bar = tqdm(total=cfg.max_steps, initial=step, desc="train", unit="step", file=sys.stderr,
-               dynamic_ncols=True, disable=not (cfg.progress and info.is_main))
+    first_step = step + 1  # this run's first step (a resume's too) logs at once: the run is seen to be working
+    bar = progress_bar(total=cfg.max_steps, initial=step, desc="train", unit="step", file=sys.stderr,
+                       disable=not (cfg.progress and info.is_main), min_interval_s=0)  # a line per log row
     model.train()
     started, tokens_seen, loss_n = time.time() - seconds, 0, 0
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # read once per log interval
@@ -354,7 +354,7 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
                 stop = step >= cfg.max_steps or (
                     (not info.enabled or step % cfg.log_every == 0) and _any_rank(seconds >= budget, info))
                 evaluate_now = stop or step % cfg.eval_every == 0
-                log_now = evaluate_now or step % cfg.log_every == 0
+                log_now = evaluate_now or step % cfg.log_every == 0 or step == first_step  # a first line early
                 if info.is_main and log_now:
                     row = {"step": step, "epoch": epoch, "train_loss": round(loss_sum.item() / loss_n, 4),
                            "valid_loss": "", "lr": sched.get_last_lr()[0],

@@ -79,13 +79,10 @@ class Task:
         batches = eval_batches_or_loader(dataset, batched, batch_size, self.cfg.data.num_workers, trainer.info,
                                          trainer.info.device)
         if progress and self.cfg.train.progress and trainer.info.is_main:
-            import sys
-
-            from tqdm.auto import tqdm
+            from resmlp.progress import progress_bar
 
             total = -(-len(dataset) // (batch_size * trainer.info.world_size))  # this rank's share
-            batches = tqdm(batches, desc=progress, unit="batch", total=total, file=sys.stderr, dynamic_ncols=True,
-                           leave=False)
+            batches = progress_bar(batches, desc=progress, unit="batch", total=total, leave=False)
         return classify(model, batches, len(trainer.data.class_names), trainer.info.device, trainer.amp,
                         trainer.info)
 

@@ -244,10 +244,12 @@ class Trainer:
     def _progress_bar(self):
         if not (self.cfg.train.progress and self.info.is_main):
             return None
-        from tqdm.auto import tqdm
+        from resmlp.progress import LINE_SECONDS, progress_bar
 
-        return tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch, dynamic_ncols=True,
-                    desc=f"epoch {self.epoch + 1}/{self.cfg.schedule.epochs}")
+        # a plain line per read where stderr is no terminal: each log_every_steps, or every LINE_SECONDS (auto)
+        return progress_bar(total=self.steps_per_epoch, initial=self.step_in_epoch, unit="step",
+                            desc=f"epoch {self.epoch + 1}/{self.cfg.schedule.epochs}",
+                            min_interval_s=0 if self.cfg.train.log_every_steps else LINE_SECONDS)
 
     def _where(self, global_step: int) -> str:
         epoch, step = divmod(global_step, self.steps_per_epoch)
