@@ -36,8 +36,8 @@ EVAL_BATCH_SIZE = 256  # `resmlp eval`'s default, and the batch of a run's final
 @torch.no_grad()
 def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torch.device, amp: str,
              info: DistInfo | None = None) -> dict[str, Any]:
-    """Loss, top-1, top-5 (percent) and the confusion matrix of (images, targets, skipped) batches, summed over
-    all ranks. Non-finite logits are an error: a broken model gets no score.
+    """Loss, top-1, top-5 (percent; None for 5 classes or fewer) and the confusion matrix of (images, targets,
+    skipped) batches, summed over all ranks. Non-finite logits are an error: a broken model gets no score.
 
     The sums stay on `device` and are read once at the end: a GPU never waits for the host between batches.
     """
@@ -46,7 +46,7 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
     # loss sum, top-5 hits, non-finite batches (float64: integer counts stay exact below 2**53)
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     images, skipped = 0, 0  # known on the host: no read
-    k = min(5, num_classes)
+    top5 = num_classes > 5  # top-5 of 5 classes or fewer is 100 % whatever the model: not a score
     for batch_images, targets, batch_skipped in batches:
         batch_images = batch_images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
@@ -54,7 +54,8 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
             logits = model(batch_images)
         logits = logits.float()
         sums += torch.stack([nn.functional.cross_entropy(logits, targets, reduction="sum"),
-                             (logits.topk(k, dim=1).indices == targets[:, None]).any(dim=1).sum(),
+                             (logits.topk(5, dim=1).indices == targets[:, None]).any(dim=1).sum() if top5
+                             else torch.zeros((), device=device),
                              (~torch.isfinite(logits).all())]).double()
         # scatter_add, not bincount: bincount sizes its output from the data, a host read on a GPU
         cell = targets * num_classes + logits.argmax(dim=1)
@@ -71,8 +72,9 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
         raise ValueError("the model's outputs are NaN or infinite (non-finite weights?); no accuracy to report")
     confusion = np.rint(values[5:]).astype(np.int64).reshape(num_classes, num_classes)
     n = max(images, 1)
-    return dict(loss=loss_sum / n, top1=100.0 * int(confusion.trace()) / n, top5=100.0 * top5_hits / n,
-                images=int(images), skipped=int(skipped), confusion=confusion)
+    return dict(loss=loss_sum / n, top1=100.0 * int(confusion.trace()) / n,
+                top5=100.0 * top5_hits / n if top5 else None, images=int(images), skipped=int(skipped),
+                confusion=confusion)
 
 
 def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: int, num_workers: int,

@@ -98,18 +98,22 @@ def print_summary(summary: dict, output: str) -> None:
 def test_scores_line(summary: dict) -> str:
     """The test split's scores, or the validation score where the dataset has no test split (an ImageNet-style
     folder with train/ and val/ only: its summary.json holds None for the test keys)."""
+    from resmlp.reporting import topk_text
+
     if summary["test_top1"] is None:
-        return f"no test split; validation top-1 {summary['val_top1']:.2f}%, top-5 {summary['val_top5']:.2f}%"
-    return f"test top-1 {summary['test_top1']:.2f}%, top-5 {summary['test_top5']:.2f}%"
+        return f"no test split; validation {topk_text(summary['val_top1'], summary['val_top5'])}"
+    return f"test {topk_text(summary['test_top1'], summary['test_top5'])}"
 
 
 def _print_scores(summary: dict) -> None:
     """The scores of an evaluation, printed before its files are written (a failed write keeps them shown)."""
+    from resmlp.reporting import topk_text
+
     width = max(len(name) for name in summary["per_class_top1"])
     print(f"{summary['checkpoint']} on {summary['dataset']} ({summary['split']}, {summary['images']} images)")
     for name, acc in summary["per_class_top1"].items():
         print(f"  {name:<{width}}  {acc:6.2f}%")
-    print(f"top-1 {summary['top1']:.2f}%  top-5 {summary['top5']:.2f}% ({summary['precision']})", flush=True)
+    print(f"{topk_text(summary['top1'], summary['top5'], '  ')} ({summary['precision']})", flush=True)
     if summary["skipped_images"]:
         print(f"{summary['skipped_images']} unreadable images skipped")
 

@@ -93,7 +93,7 @@ class Task:
     def epoch_message(self, row: dict[str, Any], epochs: int) -> str:
         skipped = row["skipped_train_images"] + row["skipped_val_images"]
         return (f"epoch {row['epoch']}/{epochs}: train loss {row['train_loss']:.4f}, "
-                f"val loss {row['val_loss']:.4f}, top-1 {row['val_top1']:.2f}%, top-5 {row['val_top5']:.2f}%"
+                f"val loss {row['val_loss']:.4f}, {reporting.topk_text(row['val_top1'], row['val_top5'])}"
                 + (f", {skipped} unreadable images skipped" if skipped else ""))
 
     def plot(self, path: Path, history: list[dict[str, Any]]) -> None:

@@ -82,10 +82,13 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
     model = {k: _coerce(v, float) if k in _MODEL_FLOATS and isinstance(v, str) and _coerce(v, float) is not _BAD
              else v for k, v in model.items()}  # YAML reads 1e-9 as a string
     cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=model, **sections)
-    errors += _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
+    range_errors = _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
+    errors += range_errors
     if not errors:  # the memory estimate needs sizes that are each in range
         errors += _check_memory(cfg)
-    errors += _check_values(cfg)  # on the well-typed keys, so one run reports every problem
+    # on the well-typed keys, so one run reports every problem; a key already out of range is said once
+    out_of_range = {_key_of(e) for e in range_errors}
+    errors += [e for e in _check_values(cfg) if _key_of(e) not in out_of_range]
     model_sources = (sorted({v for k, v in (sources or {}).items() if k.startswith("model.")})
                      or [f"recipe {cfg.recipe}"])
     errors = [f"{e} (model section from {' and '.join(model_sources)})" if e.startswith("model") else e
@@ -93,6 +96,11 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
     if errors:
         raise ConfigError("invalid training config:\n  " + "\n  ".join(dict.fromkeys(errors)))
     return cfg
+
+
+def _key_of(error: str) -> str:
+    """The dotted key a message starts with ('optim.lr=-1.0 ...', 'optim.lr must be ...', 'data.ratio: ...')."""
+    return re.match(r"[\w.]*", error).group(0)
 
 
 def _check_ranges(cfg: TrainConfig, sources: dict[str, str], default_source: str) -> list[str]:

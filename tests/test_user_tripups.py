@@ -1,0 +1,55 @@
+"""What a new user trips on (issue 43's annoyances), each pinned where it was fixed: one message per range error,
+the real error first for a typo'd model, top-5 only where it says something, compile.why always filled."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from resmlp.cli import main
+from resmlp.evaluation import classify
+
+TINY = {"data.kind": "synthetic", "data.synthetic_size": [32, 16], "data.num_workers": 0, "model.img_size": 16,
+        "model.patch_size": 8, "model.dim": 16, "model.depth": 1, "schedule.epochs": 1, "schedule.warmup_epochs": 0,
+        "train.batch_size": 8, "train.threads": 1, "train.progress": False}
+
+
+def sets(overrides: dict) -> list[str]:
+    return [f"--set={k}={json.dumps(v)}" for k, v in overrides.items()]
+
+
+def test_a_range_error_is_said_once(tmp_path, capsys):
+    for flag in (["--lr", "-1"], ["--set", "train.batch_size=0"]):
+        assert main(["train", "--output", str(tmp_path / "run"), *sets(TINY), *flag]) == 2
+        err = capsys.readouterr().err
+        key = "optim.lr" if flag[0] == "--lr" else "train.batch_size"
+        assert err.count(key) == 1, err
+        assert "outside the allowed range" in err
+
+
+def test_a_typod_timm_model_gets_its_error_and_no_note_first(tmp_path, capsys):
+    assert main(["train", "--model", "timm:resnet_10t", "--output", str(tmp_path / "run"), *sets(TINY)]) == 2
+    err = capsys.readouterr().err
+    assert "note" not in err and "dropped" not in err
+    assert err.startswith("resmlp train: error:") and "timm has no model 'resnet_10t'" in err
+
+
+def test_top5_only_where_there_are_more_than_5_classes(tmp_path, capsys):
+    assert main(["train", "--output", str(tmp_path / "run"), *sets(TINY)]) == 0
+    out = capsys.readouterr().out
+    assert "top-1" in out and "top-5" not in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["val_top5"] is None and summary["test_top5"] is None
+    assert main(["eval", str(tmp_path / "run"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "top-1" in out and "top-5" not in out
+    # six classes: top-5 is a score, and counted right
+    logits = torch.eye(6)[[0, 1, 2, 3, 4, 5]]
+    targets = torch.tensor([0, 1, 2, 3, 4, 5])
+    scored = classify(torch.nn.Identity(), [(logits, targets, 0)], 6, torch.device("cpu"), "none")
+    assert scored["top1"] == 100.0 and scored["top5"] == 100.0
+    worst = classify(torch.nn.Identity(), [(-logits, targets, 0)], 6, torch.device("cpu"), "none")
+    assert worst["top1"] == 0.0 and worst["top5"] == 0.0  # the true class last of six: not in the top 5
+    assert classify(torch.nn.Identity(), [(logits[:3, :3], targets[:3], 0)], 3, torch.device("cpu"),
+                    "none")["top5"] is None
