@@ -53,3 +53,12 @@ def test_top5_only_where_there_are_more_than_5_classes(tmp_path, capsys):
     assert worst["top1"] == 0.0 and worst["top5"] == 0.0  # the true class last of six: not in the top 5
     assert classify(torch.nn.Identity(), [(logits[:3, :3], targets[:3], 0)], 3, torch.device("cpu"),
                     "none")["top5"] is None
+
+
+def test_compile_why_says_why_a_run_did_not_compile(tmp_path):
+    from resmlp.train import train
+
+    for steps, images in ((1, 8), (2, 16), (4, 32)):  # auto ends before, at and after its warm-up
+        summary = train("fashion-mnist-quick", tmp_path / f"run{steps}", {
+            **TINY, "data.synthetic_size": [images, 8], "train.compile": "auto"})
+        assert summary["compile"]["compiled"] is False and summary["compile"]["why"].startswith("train.compile=auto")
