@@ -62,3 +62,24 @@ def test_compile_why_says_why_a_run_did_not_compile(tmp_path):
         summary = train("fashion-mnist-quick", tmp_path / f"run{steps}", {
             **TINY, "data.synthetic_size": [images, 8], "train.compile": "auto"})
         assert summary["compile"]["compiled"] is False and summary["compile"]["why"].startswith("train.compile=auto")
+
+
+def test_data_workers_are_capped_by_the_usable_cores_without_torch_warnings(tmp_path, capsys, monkeypatch):
+    import warnings
+
+    from test_distill_teachers import _image_folder
+
+    from resmlp import runtime
+
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 1)
+    monkeypatch.setattr(runtime, "_capped_workers", [])
+    assert runtime.data_workers(0) == 0 and runtime.data_workers(1) == 1
+    data = _image_folder(tmp_path / "data", classes=2, per_class=2, size=16)
+    overrides = {**{k: v for k, v in TINY.items() if not k.startswith("data.")}, "data.kind": "folder",
+                 "data.dir": str(data), "data.num_workers": 8, "model.in_chans": 3, "train.batch_size": 2}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["train", "--output", str(tmp_path / "run"), *sets(overrides)]) == 0
+    assert not [w for w in caught if "worker" in str(w.message)]
+    err = capsys.readouterr().err
+    assert err.count("data.num_workers=8 capped to 1") == 1

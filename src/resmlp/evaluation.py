@@ -24,6 +24,7 @@ from resmlp.runtime import (
     all_reduce_sum,
     autocast,
     check_device_name,
+    data_workers,
     is_accelerator,
     precision_name,
     resolve_amp,
@@ -86,7 +87,7 @@ def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: in
     shard = ShardSampler(len(dataset), world, rank)
     if batched is not None:
         return eval_batches(dataset, shard, batch_size, batched, device if is_accelerator(device) else None)
-    return DataLoader(dataset, batch_size=batch_size, sampler=shard, num_workers=num_workers,
+    return DataLoader(dataset, batch_size=batch_size, sampler=shard, num_workers=data_workers(num_workers),
                       collate_fn=collate_skipping, pin_memory=is_accelerator(device))
 
 

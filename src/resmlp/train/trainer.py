@@ -36,6 +36,7 @@ from resmlp.runtime import (
     autocast,
     barrier,
     compile_module,
+    data_workers,
     grad_scaler,
     is_accelerator,
     resolve_amp,
@@ -233,7 +234,7 @@ class Trainer:
                                     device=device if is_accelerator(device) else None)
         else:
             if self._loader is None:
-                workers = self.cfg.data.num_workers
+                workers = data_workers(self.cfg.data.num_workers)  # capped by the usable cores
                 self._loader = DataLoader(SeededDataset(self.data.train), batch_size=self.micro_batch,
                                           sampler=self.sampler, num_workers=workers, collate_fn=collate_skipping,
                                           drop_last=True, pin_memory=is_accelerator(device),
