@@ -83,3 +83,14 @@ def test_data_workers_are_capped_by_the_usable_cores_without_torch_warnings(tmp_
     assert not [w for w in caught if "worker" in str(w.message)]
     err = capsys.readouterr().err
     assert err.count("data.num_workers=8 capped to 1") == 1
+
+
+def test_data_dir_on_an_imagenet_layout_folder_trains_on_it(tmp_path):
+    from test_distill_teachers import _image_folder
+
+    data = _image_folder(tmp_path / "imagenet", classes=2, per_class=4, size=16)
+    overrides = {**{k: v for k, v in TINY.items() if not k.startswith("data.")}, "data.num_workers": 0,
+                 "model.in_chans": 3, "train.batch_size": 4}
+    assert main(["train", "--data-dir", str(data), "--output", str(tmp_path / "run"), *sets(overrides)]) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["data"]["kind"] == "folder" and config["data"]["dir"] == str(data)
