@@ -94,3 +94,26 @@ def test_data_dir_on_an_imagenet_layout_folder_trains_on_it(tmp_path):
     assert main(["train", "--data-dir", str(data), "--output", str(tmp_path / "run"), *sets(overrides)]) == 0
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["data"]["kind"] == "folder" and config["data"]["dir"] == str(data)
+
+
+def test_ctrl_c_after_the_first_best_checkpoint_leaves_a_run_to_resume(tmp_path, monkeypatch):
+    import pytest
+
+    from resmlp.train import train
+    from resmlp.train import trainer as trainer_module
+
+    drawn = trainer_module.side_outputs
+
+    def interrupted(*args, **kwargs):  # Ctrl-C while epoch 1's curves are drawn (matplotlib's first import)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_module, "side_outputs", interrupted)
+    overrides = {**TINY, "schedule.epochs": 2}
+    with pytest.raises(KeyboardInterrupt):
+        train("fashion-mnist-quick", tmp_path / "run", overrides)
+    assert (tmp_path / "run" / "best.safetensors").is_file() and (tmp_path / "run" / "last.pth").is_file()
+    monkeypatch.setattr(trainer_module, "side_outputs", drawn)
+    summary = train("fashion-mnist-quick", tmp_path / "run", overrides, resume=True)
+    assert summary["epochs"] == 2
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2"]  # epoch 1's row, redrawn by the resume

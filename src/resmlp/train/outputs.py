@@ -25,12 +25,13 @@ def checkpoint_metadata(trainer: TrainerView, row: dict[str, Any]) -> dict[str, 
                 dataset=trainer.cfg.data.kind, recipe=trainer.cfg.recipe, epoch=row["epoch"], **scores)
 
 
-def side_outputs(trainer: TrainerView, row: dict[str, Any]) -> None:
-    """Metrics CSV, learning curves and TensorBoard: a failure here is a warning, never a lost run."""
+def side_outputs(trainer: TrainerView, row: dict[str, Any], tensorboard: bool = True) -> None:
+    """Metrics CSV, learning curves and TensorBoard (`row`'s scalars): a failure here is a warning, never a lost
+    run."""
     out, history = trainer.out, trainer.history
     for what, write in (("metrics.csv", lambda: reporting.write_metrics_csv(out / "metrics.csv", history)),
                         ("learning_curves.png", lambda: trainer.task.plot(out / "learning_curves.png", history)),
-                        ("TensorBoard log", lambda: trainer.tb.log(row))):
+                        *([("TensorBoard log", lambda: trainer.tb.log(row))] if tensorboard else [])):
         try:
             write()
         except Exception as e:  # a side output must not stop training: the state is already saved

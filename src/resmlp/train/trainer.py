@@ -139,6 +139,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             reporting.write_json(self.out / "config.json", self.cfg.to_dict())
             self.tb = reporting.TensorBoardLog(self.out / "tensorboard")
+            if self.history:  # a resume: the files a kill during the last epoch's side outputs left unwritten
+                side_outputs(self, self.history[-1], tensorboard=False)
         try:
             while self.epoch < self.cfg.schedule.epochs:
                 self._train_epoch()
@@ -325,15 +327,16 @@ class Trainer:
         self.epoch += 1
         self.step_in_epoch = 0
         self.epoch_totals = torch.zeros(3, dtype=torch.float64)
-        # the resumable state last: it vouches for every file of the epoch, so a kill between two writes resumes
-        # into a redone epoch that writes them all again, never into a run whose files hold other epochs
+        # the resumable state right after the checkpoints it vouches for (a kill between two of them resumes into
+        # a redone epoch that writes them again); the side outputs, slow to draw, follow, and a resume redraws them
         if self.info.is_main:
             print(self.task.epoch_message(row, self.cfg.schedule.epochs), flush=True)
             save(eval_model, self.out / "last.safetensors", checkpoint_metadata(self, row))
             if improved:
                 save(eval_model, self.out / "best.safetensors", checkpoint_metadata(self, row))
-            side_outputs(self, row)
         self._save_state()
+        if self.info.is_main:
+            side_outputs(self, row)
 
     def _save_state(self) -> None:
         if self.info.is_main:
