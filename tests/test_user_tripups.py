@@ -117,3 +117,32 @@ def test_ctrl_c_after_the_first_best_checkpoint_leaves_a_run_to_resume(tmp_path,
     assert summary["epochs"] == 2
     rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2"]  # epoch 1's row, redrawn by the resume
+
+
+def test_the_final_test_decode_can_be_capped_or_skipped(tmp_path, capsys):
+    import dataclasses
+
+    from test_seq2seq_train import _tiny_config
+
+    from resmlp.seq2seq.train import train_translation
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = ["one", "two", "three", "four", "five", "six"]
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.en").write_text("".join(w + "\n" for w in words))
+        (corpus / f"{split}.fr").write_text("".join(w[::-1] + "\n" for w in words))
+    capped = train_translation(dataclasses.replace(_tiny_config(corpus, tmp_path / "capped"), test_decode_limit=2))
+    assert capped["sentences"] == 2 and len((tmp_path / "capped" / "test.hyp").read_text().splitlines()) == 2
+    skipped = train_translation(dataclasses.replace(_tiny_config(corpus, tmp_path / "skipped"), test_decode_limit=0))
+    assert "bleu" not in skipped and "resmlp translate eval" in skipped["test"]
+    assert not (tmp_path / "skipped" / "test.hyp").exists()
+    # the flag, as typed; a resume may change it
+    args = ["translate", "train", "--data", str(corpus), "--src-suffix", "en", "--tgt-suffix", "fr", "--preset",
+            "tiny", "--max-steps", "2", "--vocab-size", "40", "--no-progress", "--test-decode-limit", "0",
+            "--output", str(tmp_path / "cli")]
+    assert main(args) == 0
+    assert json.loads((tmp_path / "cli" / "summary.json").read_text())["test"].startswith("not decoded")
+    assert main(["translate", "train", "--resume", "--output", str(tmp_path / "cli"), "--max-steps", "3",
+                 "--test-decode-limit", "1", "--no-progress"]) == 0
+    assert json.loads((tmp_path / "cli" / "summary.json").read_text())["sentences"] == 1

@@ -12,7 +12,7 @@ from resmlp.commands.common import add_threads_argument
 
 # the flags a resumed run takes from the command line (when given) rather than from its config.json, and their
 # defaults
-RUN_CONTROL = {"max_steps": 100_000, "max_minutes": 20.0, "device": "auto", "threads": None}
+RUN_CONTROL = {"max_steps": 100_000, "max_minutes": 20.0, "device": "auto", "threads": None, "test_decode_limit": None}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-steps", type=int, default=RUN_CONTROL["max_steps"], metavar="N",
                    help="stop after this many optimizer steps (default 100000)")
     t.add_argument("--max-minutes", type=float, default=RUN_CONTROL["max_minutes"], help="wall-clock training budget")
+    t.add_argument("--test-decode-limit", type=int, metavar="N",
+                   help="decode and score only the first N test sentences at the end (0: none; default all)")
     t.add_argument("--eval-every", type=int, default=500, help="validation loss + checkpoint every N steps")
     t.add_argument("--label-smoothing", type=float, default=0.1, metavar="EPS",
                    help="label smoothing of the cross-entropy (default 0.1)")
@@ -144,6 +146,7 @@ def run_translate_train(args: argparse.Namespace) -> int:
         max_minutes=args.max_minutes, eval_every=args.eval_every, label_smoothing=args.label_smoothing,
         clip_norm=args.clip_norm, precision=args.precision, beam=args.beam, lenpen=args.lenpen,
         seed=args.seed, device=args.device, threads=args.threads, progress=args.progress,
+        test_decode_limit=args.test_decode_limit,
     )
     _preparing(args)
     summary = train_translation(cfg, resume=args.resume)

@@ -32,6 +32,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "warmup_steps": (0, 1 << 40), "max_tokens": (1, 1 << 20), "max_steps": (1, 1 << 40), "max_minutes": (1e-3, 1e7),
     "eval_every": (1, 1 << 40), "label_smoothing": (0, 0.999), "clip_norm": (0, 1e9), "beam": (1, MAX_BEAM),
     "lenpen": (0, 10), "seed": (0, 2**63 - 1), "log_every": (1, 1 << 40), "threads": (1, 4096),
+    "test_decode_limit": (0, 1 << 40),
 }
 # the model options a run may set over its preset (flags --dim ... --positions)
 MODEL_OVERRIDES = ("dim", "hidden", "encoder_layers", "decoder_layers", "heads", "max_len", "dropout",
@@ -39,7 +40,7 @@ MODEL_OVERRIDES = ("dim", "hidden", "encoder_layers", "decoder_layers", "heads",
 # what a resume may change: how long it runs (a finished run is extended by raising them), how often it
 # checkpoints and logs, where and how fast it runs, how the test split is decoded, where the folders now are
 RESUMABLE_CHANGES = ("max_steps", "max_minutes", "eval_every", "log_every", "device", "threads", "progress", "beam",
-                     "lenpen", "output", "data")
+                     "lenpen", "output", "data", "test_decode_limit")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d{1,4})$")
 _FLAGS = {"task_train_size": "--train-size", "model_overrides": "--dim/--hidden/..."}
 
@@ -80,6 +81,9 @@ class TranslationConfig:
     device: str = "auto"  # auto: cuda:LOCAL_RANK when a GPU is visible, else cpu
     threads: int | None = None  # None: runtime.default_threads()
     progress: bool = True  # a tqdm bar on stderr (rank 0)
+    # test sentences decoded and scored at the end: None all, N the first N, 0 none (a large test split at beam 4
+    # can take longer than a short training run; `resmlp translate eval RUN` scores it later)
+    test_decode_limit: int | None = None
 
     def __post_init__(self) -> None:
         errors = _type_errors(dataclasses.asdict(self))

@@ -374,19 +374,23 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     barrier(info)
     summary: dict[str, Any] = {}
     if info.is_main:
-        summary = evaluate_translation(model, tok, data, "test", cfg, out, progress=cfg.progress)
+        summary = (evaluate_translation(model, tok, data, "test", cfg, out, progress=cfg.progress,
+                                        limit=cfg.test_decode_limit) if cfg.test_decode_limit != 0 else
+                   {"test": f"not decoded (--test-decode-limit 0); score it with: resmlp translate eval {out}"})
         summary.update(arch=cfg.arch, task=cfg.task, params=sum(p.numel() for p in model.parameters()),
                        steps=step, train_seconds=round(seconds, 1), max_minutes=cfg.max_minutes,
-                       wall_seconds=round(seconds + summary.pop("decode_seconds"), 1), device=str(device),
+                       wall_seconds=round(seconds + summary.pop("decode_seconds", 0.0), 1), device=str(device),
                        processes=world, host=host_info("fp32" if amp == "none" else amp))
         atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     return summary
 
 
 def evaluate_translation(model: Seq2SeqBase, tok: Tokenizer, data: Path, split: str, cfg: TranslationConfig,
-                         out: Path | None = None, progress: bool = False) -> dict[str, Any]:
-    """Decode `split` with beam search and score it; writes {split}.hyp under `out` if given."""
+                         out: Path | None = None, progress: bool = False, limit: int | None = None) -> dict[str, Any]:
+    """Decode `split` (its first `limit` sentences, when given) with beam search and score it; writes
+    {split}.hyp under `out` if given."""
     src, ref = read_parallel(*split_paths(data, split, cfg.src_suffix, cfg.tgt_suffix))
+    src, ref = src[:limit], ref[:limit]  # None: all
     t0 = time.time()
     hyps = translate(model, tok, src, beam=cfg.beam, lenpen=cfg.lenpen, precision=cfg.precision,
                      progress=progress)
