@@ -146,3 +146,19 @@ def test_the_final_test_decode_can_be_capped_or_skipped(tmp_path, capsys):
     assert main(["translate", "train", "--resume", "--output", str(tmp_path / "cli"), "--max-steps", "3",
                  "--test-decode-limit", "1", "--no-progress"]) == 0
     assert json.loads((tmp_path / "cli" / "summary.json").read_text())["sentences"] == 1
+
+
+def test_translate_decode_of_an_image_run_says_what_it_is(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    assert main(["train", "--output", str(tmp_path / "run"), *sets(TINY)]) == 0
+    capsys.readouterr()
+    for action in ("decode", "eval"):
+        assert main(["translate", action, str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err
+        assert "is an image classifier's run" in err and "Traceback" not in err
+    hint = err.split("classify images with: ")[1].split()
+    Image.fromarray(np.zeros((16, 16), np.uint8)).save(tmp_path / "image.png")
+    assert hint[:3] == ["resmlp", "predict", str(tmp_path / "run")] and hint[3] == "IMAGE"
+    assert main([*hint[1:3], str(tmp_path / "image.png")]) == 0  # the hint, with an image for IMAGE

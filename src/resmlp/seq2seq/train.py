@@ -145,6 +145,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"
     """Model (eval mode, on `device`), tokenizer and checkpoint dict from a run directory or its checkpoint.pt."""
     path = Path(path)
     out = path if path.is_dir() else path.parent
+    _refuse_image_checkpoints(path, out)
     ckpt = load_checkpoint(out / CHECKPOINT if path.is_dir() else path)
     tok = Tokenizer.load(out / TOKENIZER)
     model = model_from_checkpoint(ckpt)
@@ -152,6 +153,16 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"
         raise CheckpointError(f"{out / TOKENIZER} has {len(tok)} pieces but the checkpoint's model "
                               f"{model.config.vocab_size}: they come from different runs")
     return model.to(device).eval(), tok, ckpt
+
+
+def _refuse_image_checkpoints(path: Path, out: Path) -> None:
+    """An image classifier's run or checkpoint named where a translation run belongs: say what it is."""
+    image_run = path.is_dir() and not (out / CHECKPOINT).exists() and (
+        (out / "best.safetensors").exists() or (out / "last.pth").exists())
+    if image_run or path.suffix == ".safetensors":
+        raise ValueError(f"{path} is an image classifier's {'run' if image_run else 'checkpoint'} (resmlp train), not "
+                         f"a translation run: translate eval/decode take a `resmlp translate train` output (its "
+                         f"{CHECKPOINT} and {TOKENIZER}); classify images with: resmlp predict {path} IMAGE")
 
 
 # ---------------------------------------------------------------------------------------- decoding
