@@ -162,3 +162,16 @@ def test_translate_decode_of_an_image_run_says_what_it_is(tmp_path, capsys):
     Image.fromarray(np.zeros((16, 16), np.uint8)).save(tmp_path / "image.png")
     assert hint[:3] == ["resmlp", "predict", str(tmp_path / "run")] and hint[3] == "IMAGE"
     assert main([*hint[1:3], str(tmp_path / "image.png")]) == 0  # the hint, with an image for IMAGE
+
+
+def test_optimize_says_it_folded_nothing_in_a_model_of_another_family():
+    import pytest
+    import timm
+
+    from resmlp.inference import optimize
+
+    model = timm.create_model("resnet10t", num_classes=3)
+    with pytest.warns(UserWarning, match="optimize: ResNet is not a ResMLP/Mixer, so nothing was folded"):
+        fast = optimize(model)
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(fast(x), model.eval()(x))
