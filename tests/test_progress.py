@@ -71,3 +71,14 @@ def test_translate_train_logs_its_first_step(tmp_path):
     train_translation(cfg)
     rows = list(csv.DictReader((tmp_path / "run" / "log.csv").read_text().splitlines()))
     assert [int(r["step"]) for r in rows] == [1, 3]
+
+
+def test_a_phase_change_gives_a_line_as_the_benchmark_names_its_steps():
+    log = io.StringIO()
+    with progress_bar(total=4, unit="step", file=log, min_interval_s=0) as bar:
+        bar.set_description_str("memory resmlp_s12", refresh=False)
+        bar.update()
+        bar.set_description_str("build resmlp_s12", refresh=False)
+        bar.update(3)
+    assert [line.split(",")[0] for line in log.getvalue().splitlines()] == [
+        "memory resmlp_s12: 0/4 step (0%)", "build resmlp_s12: 1/4 step (25%)", "build resmlp_s12: 4/4 step (100%)"]

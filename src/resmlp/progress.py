@@ -75,6 +75,11 @@ class LineProgress:
         self.postfix = values
         self._maybe_line()
 
+    def set_description_str(self, desc: str | None = None, refresh: bool = False) -> None:
+        """A new phase (a benchmark's next model): a line, unless the last one is under min_interval_s old."""
+        self.desc = desc or ""
+        self._maybe_line()
+
     def close(self) -> None:
         if self.n != self.n_at_line:
             self._line()

@@ -394,7 +394,7 @@ def run_benchmark(
     """One row per model with the CSV_COLUMNS (the host's facts and `mode` included), all models measured in
     the same run: throughput at `batch_size`, `large_batch_size` (None: not measured) and 1, peak memory at
     `batch_size`. progress: a tqdm bar on stderr over every model's memory, build and each timed round."""
-    from tqdm.auto import tqdm
+    from resmlp.progress import progress_bar
 
     mode = mode or RunMode()
     dev = torch.device(device)
@@ -409,7 +409,7 @@ def run_benchmark(
     # per model: memory (CPU: its own process), build, then per batch size a warm-up and `repeats` timings
     steps = len(specs) * ((dev.type == "cpu") + 1 + len(batches) * (1 + repeats))
     with (
-        tqdm(total=steps, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not progress) as bar,
+        progress_bar(total=steps, unit="step", file=sys.stderr, disable=not progress) as bar,
         float32_matmul(mode.precision, dev),
         _recompile_room(mode, len(specs) * len(batches)),
     ):
