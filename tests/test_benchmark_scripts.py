@@ -173,3 +173,12 @@ def test_the_gpu_report_refuses_a_damaged_report_to_merge_in_one_line(tmp_path):
                               timeout=60)
         assert done.returncode == 2 and "not a gpu_report.json" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_the_models_table_benchmark_times_both_ways(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "models_table.py"), "--rounds", "1"],
+                          check=True, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root / "src")})
+    assert "analytic (now): median" in done.stdout and "measured (before): median" in done.stdout
+    assert "x faster; host" in done.stdout

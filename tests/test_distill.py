@@ -30,6 +30,7 @@ TINY = {
     "model.depth": 2, "schedule.epochs": 1, "schedule.warmup_epochs": 0, "train.batch_size": 16,
     "train.progress": False, "optim.lr": 3e-3, "data.synthetic_size": [64, 32], "train.threads": 1,
 }
+SYNTHETIC_NAMES = [f"class_{i}" for i in range(4)]  # the synthetic data's classes, in order
 
 
 def test_hard_and_soft_formulas_match_a_hand_computation():
@@ -155,7 +156,7 @@ def test_teacher_cache_is_refused_with_random_augmentation():
 
 def test_distillation_with_teacher_cache_trains_the_same_weights(tmp_path):
     teacher = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=4, dim=16, depth=1)
-    resmlp.save(teacher, tmp_path / "t.safetensors")
+    resmlp.save(teacher, tmp_path / "t.safetensors", metadata={"class_names": SYNTHETIC_NAMES})
     common = {**TINY, "schedule.epochs": 2, "data.hflip": 0.5, "distill.teacher": str(tmp_path / "t.safetensors")}
     runs = {cache: train("fashion-mnist-distill", tmp_path / f"cache{cache}", {**common, "distill.cache": cache})
             for cache in (False, True)}

@@ -128,16 +128,28 @@ def test_rgb_images_train_a_grey_model_and_grey_images_an_rgb_one(tmp_path, caps
 @pytest.mark.parametrize("kind", ["hard", "soft"])
 def test_distillation_steps_do_not_wait_for_the_host(tmp_path, capsys, tiny_checkpoint, kind):
     ledger = run_cli(["train", "--recipe", "fashion-mnist-quick", "--distill", str(tiny_checkpoint),
-                      "--output", str(tmp_path / "run")], {**COMMON, "distill.type": kind}, capsys)
+                      "--output", str(tmp_path / "run")],
+                     {**COMMON, "distill.type": kind, "distill.classes_match": True}, capsys)
     assert repeated_waits(ledger) == {}
 
 
 def test_the_distillation_cache_is_the_documented_host_wait(tmp_path, capsys, tiny_checkpoint):
-    fixed = {**COMMON, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0]}
+    fixed = {**COMMON, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0], "distill.classes_match": True}
     ledger = run_cli(["train", "--recipe", "fashion-mnist-quick", "--distill", str(tiny_checkpoint),
                       "--distill-cache", "--output", str(tmp_path / "run")], fixed, capsys)
     assert repeated_waits(ledger, allowed=("DistillationLoss.teacher_logits",)) == {}
     assert repeated_waits(ledger)  # the cache's own copies, every step (help and docs say so)
+
+
+def test_a_teacher_of_another_resolution_is_fed_on_the_device_without_host_waits(tmp_path, capsys):
+    teacher = resmlp.create_model("resmlp_s12", img_size=24, patch_size=8, in_chans=1, num_classes=4, dim=16,
+                                  depth=2)
+    path = tmp_path / "teacher24.safetensors"
+    resmlp.save(teacher, path, metadata={"class_names": [f"class_{i}" for i in range(4)], "preprocess": dict(
+        img_size=24, in_chans=1, mean=[0.3], std=[0.2], crop_pct=1.0, interpolation="bilinear")})
+    ledger = run_cli(["train", "--recipe", "fashion-mnist-quick", "--distill", str(path), "--output",
+                      str(tmp_path / "run")], COMMON, capsys)
+    assert repeated_waits(ledger) == {}
 
 
 def test_dino_steps_do_not_wait_for_the_host(tmp_path, capsys):
@@ -275,7 +287,8 @@ def test_the_translation_trainer_reads_once_per_log_interval(tmp_path, number_co
         summary = train_translation(cfg)
     assert summary["steps"] == 8
     in_loop = ledger.inside("_train", allowed=("validation_loss", "save_checkpoint", "evaluate_translation"))
-    assert [e.kind for e in in_loop if e.kind != "unpinned-host-to-device"] == ["read", "read"]  # per log interval
+    # per log interval (steps 4 and 8), and the run's first step, logged at once
+    assert [e.kind for e in in_loop if e.kind != "unpinned-host-to-device"] == ["read", "read", "read"]
     assert {e.site() for e in in_loop if e.kind == "unpinned-host-to-device"} == {
         "resmlp.seq2seq.train:_train"}  # the model's weights going up once; batches go pinned (no event)
     per_validation = Counter(e.kind for e in ledger.inside("validation_loss"))

@@ -24,6 +24,7 @@ from resmlp.runtime import (
     all_reduce_sum,
     autocast,
     check_device_name,
+    data_workers,
     is_accelerator,
     precision_name,
     resolve_amp,
@@ -36,8 +37,8 @@ EVAL_BATCH_SIZE = 256  # `resmlp eval`'s default, and the batch of a run's final
 @torch.no_grad()
 def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torch.device, amp: str,
              info: DistInfo | None = None) -> dict[str, Any]:
-    """Loss, top-1, top-5 (percent) and the confusion matrix of (images, targets, skipped) batches, summed over
-    all ranks. Non-finite logits are an error: a broken model gets no score.
+    """Loss, top-1, top-5 (percent; None for 5 classes or fewer) and the confusion matrix of (images, targets,
+    skipped) batches, summed over all ranks. Non-finite logits are an error: a broken model gets no score.
 
     The sums stay on `device` and are read once at the end: a GPU never waits for the host between batches.
     """
@@ -46,7 +47,7 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
     # loss sum, top-5 hits, non-finite batches (float64: integer counts stay exact below 2**53)
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     images, skipped = 0, 0  # known on the host: no read
-    k = min(5, num_classes)
+    top5 = num_classes > 5  # top-5 of 5 classes or fewer is 100 % whatever the model: not a score
     for batch_images, targets, batch_skipped in batches:
         batch_images = batch_images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
@@ -54,7 +55,8 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
             logits = model(batch_images)
         logits = logits.float()
         sums += torch.stack([nn.functional.cross_entropy(logits, targets, reduction="sum"),
-                             (logits.topk(k, dim=1).indices == targets[:, None]).any(dim=1).sum(),
+                             (logits.topk(5, dim=1).indices == targets[:, None]).any(dim=1).sum() if top5
+                             else torch.zeros((), device=device),
                              (~torch.isfinite(logits).all())]).double()
         # scatter_add, not bincount: bincount sizes its output from the data, a host read on a GPU
         cell = targets * num_classes + logits.argmax(dim=1)
@@ -71,8 +73,9 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
         raise ValueError("the model's outputs are NaN or infinite (non-finite weights?); no accuracy to report")
     confusion = np.rint(values[5:]).astype(np.int64).reshape(num_classes, num_classes)
     n = max(images, 1)
-    return dict(loss=loss_sum / n, top1=100.0 * int(confusion.trace()) / n, top5=100.0 * top5_hits / n,
-                images=int(images), skipped=int(skipped), confusion=confusion)
+    return dict(loss=loss_sum / n, top1=100.0 * int(confusion.trace()) / n,
+                top5=100.0 * top5_hits / n if top5 else None, images=int(images), skipped=int(skipped),
+                confusion=confusion)
 
 
 def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: int, num_workers: int,
@@ -84,7 +87,7 @@ def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: in
     shard = ShardSampler(len(dataset), world, rank)
     if batched is not None:
         return eval_batches(dataset, shard, batch_size, batched, device if is_accelerator(device) else None)
-    return DataLoader(dataset, batch_size=batch_size, sampler=shard, num_workers=num_workers,
+    return DataLoader(dataset, batch_size=batch_size, sampler=shard, num_workers=data_workers(num_workers),
                       collate_fn=collate_skipping, pin_memory=is_accelerator(device))
 
 
@@ -161,10 +164,10 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                if isinstance(dataset, ArrayDataset) else None)
     batches = eval_batches_or_loader(dataset, batched, batch_size, num_workers, device=torch_device)
     if progress:
-        from tqdm.auto import tqdm
+        from resmlp.progress import progress_bar
 
-        batches = tqdm(batches, desc=f"eval {data} {split}", unit="batch", dynamic_ncols=True,
-                       total=-(-len(dataset) // batch_size))  # a generator has no len: the ETA needs the total
+        batches = progress_bar(batches, desc=f"eval {data} {split}", unit="batch",
+                               total=-(-len(dataset) // batch_size))  # a generator has no len: the ETA needs the total
     result = classify(loaded.model.to(torch_device), batches, len(names), torch_device, precision)
     confusion = result.pop("confusion")
     per_class = {name: round(100.0 * confusion[i, i] / max(confusion[i].sum(), 1), 2)

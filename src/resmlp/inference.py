@@ -163,6 +163,8 @@ def optimize(model: nn.Module, precision: str = "fp32", compile: bool | str = Fa
         if precision != "fp32":
             raise ValueError(f"precision {precision} is for ResMLP/Mixer models; this checkpoint holds a "
                              f"{type(model).__name__}: use --precision fp32")
+        warnings.warn(f"optimize: {type(model).__name__} is not a ResMLP/Mixer, so nothing was folded: it runs as "
+                      f"it is, in fp32 and eval mode{', compiled (' + mode + ')' if mode else ''}", stacklevel=2)
         fast = CastingWrapper(model.float()).eval().requires_grad_(False)
         return compile_for_inference(fast, mode) if mode else fast
     fused = fuse(model).float()

@@ -17,6 +17,11 @@ from resmlp.fileio import (
 )
 
 
+def topk_text(top1: float, top5: float | None, sep: str = ", ") -> str:
+    """'top-1 X%, top-5 Y%', without top-5 where there is none (5 classes or fewer)."""
+    return f"top-1 {top1:.2f}%" + (f"{sep}top-5 {top5:.2f}%" if top5 is not None else "")
+
+
 def write_metrics_csv(path: str | Path, history: list[dict[str, Any]]) -> Path:
     """The whole history every epoch (rewritten, so a resumed run's file has no duplicate rows)."""
     columns = list(dict.fromkeys(k for row in history for k in row))

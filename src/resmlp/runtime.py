@@ -16,6 +16,7 @@ import ctypes
 import os
 import platform
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -218,6 +219,22 @@ def default_threads(local_world_size: int | None = None) -> int:
     return max(1, usable_cores() // max(1, local))
 
 
+def data_workers(requested: int, local_world_size: int | None = None) -> int:
+    """DataLoader worker processes for one process: `requested`, capped by its share of the usable cores (a
+    recipe written for an 8-core GPU node asks for 8; on 2 cores they only fight the training for the CPU, and
+    torch warns about every loader). The cap is said once per process."""
+    local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cap = max(1, usable_cores() // max(1, local))
+    if requested <= cap:
+        return requested
+    if not _capped_workers:
+        _capped_workers.append(requested)
+        print(f"note: data.num_workers={requested} capped to {cap}: this process can use {cap} CPU core(s)",
+              file=sys.stderr, flush=True)
+    return cap
+
+
+_capped_workers: list[int] = []  # the first capped request (a note once per process)
 _contexts_keeping_memory = 0  # open process_settings contexts that hold keep_freed_memory (they may nest)
 
 

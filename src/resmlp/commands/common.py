@@ -227,7 +227,17 @@ def training_overrides(args: argparse.Namespace, extra: dict[str, Any] | None = 
             raise ValueError(f"--input-size {chans} {height} {width}: ResMLP and Mixer take square images (H = W)")
         flags.update({"model.in_chans": chans, "model.img_size": height})
     given = {key: value for key, value in flags.items() if value is not None}
-    return {**given, **(extra or {}), **parse_overrides(args.overrides)}
+    merged = {**given, **(extra or {}), **parse_overrides(args.overrides)}
+    if "data.dir" in given and "data.kind" not in merged and (kind := folder_kind(given["data.dir"])):
+        merged["data.kind"] = kind  # --data-dir on an image folder: the recipe's dataset kind does not apply
+    return merged
+
+
+def folder_kind(folder: str | Path) -> str | None:
+    """The dataset kind a folder's layout shows: 'folder' for train/<class>/ images (ImageFolder, ImageNet);
+    None where the layout says nothing (the recipe's kind then reads the folder: IDX files, CIFAR pickles...)."""
+    train = Path(folder) / "train"
+    return "folder" if train.is_dir() and any(child.is_dir() for child in train.iterdir()) else None
 
 
 def run_data_flags(output: str | Path, training: bool = False) -> str:

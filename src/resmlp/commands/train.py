@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     kd.add_argument("--teacher-weights", help="weights file of a timm:/torchvision: teacher (= distill.weights)")
     kd.add_argument("--allow-random-teacher", action="store_true", default=None,
                     help="distil from a timm:/torchvision: teacher without weights (= distill.allow_random_teacher)")
+    kd.add_argument("--teacher-classes-match", action="store_true", default=None,
+                    help="the teacher's logit i is the data's class i: admits a teacher whose file records no class "
+                         "names (= distill.classes_match)")
     kd.add_argument("--distill-type", choices=("hard", "soft"), help="= distill.type (default hard)")
     kd.add_argument("--distill-alpha", type=float, help="soft distillation: weight of the KL term (= distill.alpha)")
     kd.add_argument("--distill-tau", type=float, help="soft distillation: temperature (= distill.tau)")
@@ -73,6 +76,7 @@ def run_train(args: argparse.Namespace) -> int:
     extra = {"distill.teacher": args.distill, "distill.type": args.distill_type, "distill.alpha": args.distill_alpha,
              "distill.tau": args.distill_tau, "distill.weights": args.teacher_weights,
              "distill.cache": args.distill_cache, "distill.allow_random_teacher": args.allow_random_teacher,
+             "distill.classes_match": args.teacher_classes_match,
              "model.name": args.initial_checkpoint}
     overrides = training_overrides(args, {k: v for k, v in extra.items() if v is not None})
     if args.pretrained:
@@ -112,20 +116,24 @@ def print_summary(summary: dict, output: str) -> None:
 def test_scores_line(summary: dict) -> str:
     """The test split's scores, or the validation score where the dataset has no test split (an ImageNet-style
     folder with train/ and val/ only: its summary.json holds None for the test keys)."""
+    from resmlp.reporting import topk_text
+
     if summary["test_top1"] is None:
-        return f"no test split; validation top-1 {summary['val_top1']:.2f}%, top-5 {summary['val_top5']:.2f}%"
-    return f"test top-1 {summary['test_top1']:.2f}%, top-5 {summary['test_top5']:.2f}%"
+        return f"no test split; validation {topk_text(summary['val_top1'], summary['val_top5'])}"
+    return f"test {topk_text(summary['test_top1'], summary['test_top5'])}"
 
 
 def _print_scores(summary: dict) -> None:
     """The scores of an evaluation, printed before its files are written (a failed write keeps them shown)."""
+    from resmlp.reporting import topk_text
+
     width = max(len(name) for name in summary["per_class_top1"])
     if summary["preprocess_note"]:
         print(summary["preprocess_note"])
     print(f"{summary['checkpoint']} on {summary['dataset']} ({summary['split']}, {summary['images']} images)")
     for name, acc in summary["per_class_top1"].items():
         print(f"  {name:<{width}}  {acc:6.2f}%")
-    print(f"top-1 {summary['top1']:.2f}%  top-5 {summary['top5']:.2f}% ({summary['precision']})", flush=True)
+    print(f"{topk_text(summary['top1'], summary['top5'], '  ')} ({summary['precision']})", flush=True)
     if summary["skipped_images"]:
         print(f"{summary['skipped_images']} unreadable images skipped")
 

@@ -15,7 +15,7 @@ from resmlp.commands.common import add_threads_argument
 
 # the flags a resumed run takes from the command line (when given) rather than from its config.json, and their
 # defaults
-RUN_CONTROL = {"max_steps": 100_000, "max_minutes": 20.0, "device": "auto", "threads": None}
+RUN_CONTROL = {"max_steps": 100_000, "max_minutes": 20.0, "device": "auto", "threads": None, "test_decode_limit": None}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-steps", type=int, default=RUN_CONTROL["max_steps"], metavar="N",
                    help="stop after this many optimizer steps (default 100000)")
     t.add_argument("--max-minutes", type=float, default=RUN_CONTROL["max_minutes"], help="wall-clock training budget")
+    t.add_argument("--test-decode-limit", type=int, metavar="N",
+                   help="decode and score only the first N test sentences at the end (0: none; default all)")
     t.add_argument("--eval-every", type=int, default=500, help="validation loss + checkpoint every N steps")
     t.add_argument("--average-last", type=int, default=1, metavar="N",
                    help="keep the last N checkpoints (checkpoint_STEP.pt) and decode the test split with their "
@@ -170,6 +172,7 @@ def run_translate_train(args: argparse.Namespace) -> int:
         average_last=args.average_last, label_smoothing=args.label_smoothing,
         clip_norm=args.clip_norm, precision=args.precision, beam=args.beam, lenpen=args.lenpen,
         seed=args.seed, device=args.device, threads=args.threads, progress=args.progress,
+        test_decode_limit=args.test_decode_limit,
     )
     if args.recipe is not None:
         _print_batch(cfg, args.recipe)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from resmlp.models.config import ResMLPConfig
 from resmlp.models.mixer import MIXER_PRESETS
-from resmlp.models.resmlp import ResMLP, ResMLPConfig
+
+if TYPE_CHECKING:
+    from resmlp.models.resmlp import ResMLP
 
 _S = dict(dim=384)
 # the authors start B24/8's LayerScale at 1e-6 although it has 24 blocks (S24: 1e-5, CaiT's rule): DeiT's

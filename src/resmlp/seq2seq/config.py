@@ -38,6 +38,7 @@ RANGES: dict[str, tuple[float, float]] = {
     # checkpoints kept and averaged for the test decoding; Vaswani et al. averaged the last 20 for their big
     # models, past a few dozen the first ones are from another point of the run
     "average_last": (1, 100),
+    "test_decode_limit": (0, 1 << 40),
 }
 # the model options a run may set over its preset (flags --dim ... --positions)
 MODEL_OVERRIDES = ("dim", "hidden", "encoder_layers", "decoder_layers", "heads", "max_len", "dropout",
@@ -45,7 +46,7 @@ MODEL_OVERRIDES = ("dim", "hidden", "encoder_layers", "decoder_layers", "heads",
 # what a resume may change: how long it runs (a finished run is extended by raising them), how often it
 # checkpoints and logs, where and how fast it runs, how the test split is decoded, where the folders now are
 RESUMABLE_CHANGES = ("max_steps", "max_minutes", "eval_every", "log_every", "device", "threads", "progress", "beam",
-                     "lenpen", "output", "data")
+                     "lenpen", "output", "data", "test_decode_limit")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d{1,4})$")
 _FLAGS = {"task_train_size": "--train-size", "model_overrides": "--dim/--hidden/..."}
 
@@ -88,6 +89,9 @@ class TranslationConfig:
     device: str = "auto"  # auto: cuda:LOCAL_RANK when a GPU is visible, else cpu
     threads: int | None = None  # None: runtime.default_threads()
     progress: bool = True  # a tqdm bar on stderr (rank 0)
+    # test sentences decoded and scored at the end: None all, N the first N, 0 none (a large test split at beam 4
+    # can take longer than a short training run; `resmlp translate eval RUN` scores it later)
+    test_decode_limit: int | None = None
 
     def __post_init__(self) -> None:
         errors = _type_errors(dataclasses.asdict(self))

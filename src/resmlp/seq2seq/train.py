@@ -175,6 +175,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"
     """Model (eval mode, on `device`), tokenizer and checkpoint dict from a run directory or its checkpoint.pt."""
     path = Path(path)
     out = path if path.is_dir() else path.parent
+    _refuse_image_checkpoints(path, out)
     ckpt = load_checkpoint(out / CHECKPOINT if path.is_dir() else path)
     tok = Tokenizer.load(out / TOKENIZER)
     model = model_from_checkpoint(ckpt)
@@ -184,14 +185,24 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"
     return model.to(device).eval(), tok, ckpt
 
 
+def _refuse_image_checkpoints(path: Path, out: Path) -> None:
+    """An image classifier's run or checkpoint named where a translation run belongs: say what it is."""
+    image_run = path.is_dir() and not (out / CHECKPOINT).exists() and (
+        (out / "best.safetensors").exists() or (out / "last.pth").exists())
+    if image_run or path.suffix == ".safetensors":
+        raise ValueError(f"{path} is an image classifier's {'run' if image_run else 'checkpoint'} (resmlp train), not "
+                         f"a translation run: translate eval/decode take a `resmlp translate train` output (its "
+                         f"{CHECKPOINT} and {TOKENIZER}); classify images with: resmlp predict {path} IMAGE")
+
+
 # ---------------------------------------------------------------------------------------- decoding
 def translate(
     model: Seq2SeqBase, tok: Tokenizer, lines: list[str], beam: int = 4, lenpen: float = 0.6,
     batch_size: int = 64, precision: str = "fp32", progress: bool = False,
 ) -> list[str]:
     """Detokenised translations on the model's device; empty lines give empty translations, long lines are
-    truncated. progress: a tqdm bar per batch on stderr."""
-    from tqdm.auto import tqdm
+    truncated. progress: a bar per batch on stderr (plain lines where it is no terminal)."""
+    from resmlp.progress import progress_bar
 
     model.eval()
     device = next(model.parameters()).device
@@ -202,8 +213,7 @@ def translate(
     ids = tok.encode([lines[i] for i in todo], model.config.max_len - eos, what="source lines")
     order = sorted(range(len(todo)), key=lambda j: len(ids[j]))  # similar lengths: less padding
     starts = range(0, len(order), batch_size)
-    for start in tqdm(starts, desc="translate", unit="batch", file=sys.stderr, dynamic_ncols=True,
-                      disable=not progress):
+    for start in progress_bar(starts, desc="translate", unit="batch", file=sys.stderr, disable=not progress):
         chunk = order[start : start + batch_size]
         (src,) = _on(device, source_batch([ids[j] for j in chunk], eos))
         with autocast(device, amp):
@@ -280,7 +290,7 @@ def train_translation(cfg: TranslationConfig, resume: bool = False) -> dict[str,
 
 
 def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> dict[str, Any]:
-    from tqdm.auto import tqdm
+    from resmlp.progress import progress_bar
 
     rank, world, device = info.rank, info.world_size, info.device
     amp = resolve_precision(cfg.precision, device)
@@ -325,8 +335,9 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     run_log = RunLog(out, step if ckpt is not None else None) if info.is_main else None
 
     budget = cfg.max_minutes * 60
-    bar = tqdm(total=cfg.max_steps, initial=step, desc="train", unit="step", file=sys.stderr,
-               dynamic_ncols=True, disable=not (cfg.progress and info.is_main))
+    first_step = step + 1  # this run's first step (a resume's too) logs at once: the run is seen to be working
+    bar = progress_bar(total=cfg.max_steps, initial=step, desc="train", unit="step", file=sys.stderr,
+                       disable=not (cfg.progress and info.is_main), min_interval_s=0)  # a line per log row
     model.train()
     started, tokens_seen, loss_n = time.time() - seconds, 0, 0
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # read once per log interval
@@ -356,7 +367,7 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
                 stop = step >= cfg.max_steps or (
                     (not info.enabled or step % cfg.log_every == 0) and _any_rank(seconds >= budget, info))
                 evaluate_now = stop or step % cfg.eval_every == 0
-                log_now = evaluate_now or step % cfg.log_every == 0
+                log_now = evaluate_now or step % cfg.log_every == 0 or step == first_step  # a first line early
                 if info.is_main and log_now:
                     row = {"step": step, "epoch": epoch, "train_loss": round(loss_sum.item() / loss_n, 4),
                            "valid_loss": "", "lr": sched.get_last_lr()[0],
@@ -378,12 +389,14 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     summary: dict[str, Any] = {}
     if info.is_main:
         scored, averaged = _scored_model(cfg, out, model, device)
-        summary = evaluate_translation(scored, tok, data, "test", cfg, out, progress=cfg.progress)
+        summary = (evaluate_translation(scored, tok, data, "test", cfg, out, progress=cfg.progress,
+                                        limit=cfg.test_decode_limit) if cfg.test_decode_limit != 0 else
+                   {"test": f"not decoded (--test-decode-limit 0); score it with: resmlp translate eval {out}"})
         summary.update(arch=cfg.arch, task=cfg.task, params=sum(p.numel() for p in model.parameters()),
                        steps=step, averaged_steps=averaged, update_freq=cfg.update_freq,
                        max_tokens_per_update=cfg.max_tokens * cfg.update_freq * world,
                        train_seconds=round(seconds, 1), max_minutes=cfg.max_minutes,
-                       wall_seconds=round(seconds + summary.pop("decode_seconds"), 1), device=str(device),
+                       wall_seconds=round(seconds + summary.pop("decode_seconds", 0.0), 1), device=str(device),
                        processes=world, host=host_info("fp32" if amp == "none" else amp))
         atomic_write(out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
     return summary
@@ -401,9 +414,11 @@ def _scored_model(cfg: TranslationConfig, out: Path, model: Seq2SeqBase, device:
 
 
 def evaluate_translation(model: Seq2SeqBase, tok: Tokenizer, data: Path, split: str, cfg: TranslationConfig,
-                         out: Path | None = None, progress: bool = False) -> dict[str, Any]:
-    """Decode `split` with beam search and score it; writes {split}.hyp under `out` if given."""
+                         out: Path | None = None, progress: bool = False, limit: int | None = None) -> dict[str, Any]:
+    """Decode `split` (its first `limit` sentences, when given) with beam search and score it; writes
+    {split}.hyp under `out` if given."""
     src, ref = read_parallel(*split_paths(data, split, cfg.src_suffix, cfg.tgt_suffix))
+    src, ref = src[:limit], ref[:limit]  # None: all
     t0 = time.time()
     hyps = translate(model, tok, src, beam=cfg.beam, lenpen=cfg.lenpen, precision=cfg.precision,
                      progress=progress)

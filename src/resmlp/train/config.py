@@ -133,9 +133,22 @@ def _drop_keys_of_another_model(raw: dict[str, Any], sources: dict[str, str], re
     dropped = keys_not_applying(name, from_recipe)
     for key in dropped:
         del model[key]
-    if dropped:
+    if dropped and _exists(name):  # a typo'd name: validation's error is the one line to see, no note first
         warnings.warn(f"model {name}: model keys {', '.join(dropped)} of {origin} (written for {recipe_model}) do "
                       "not apply to it and are dropped", stacklevel=3)
+
+
+def _exists(name: Any) -> bool:
+    """Whether the model a name names is there to build (its library knows it, its file exists)."""
+    if name.kind == "timm":
+        import timm
+
+        return timm.is_model(name.name)
+    if name.kind == "torchvision":
+        import torchvision
+
+        return name.name in torchvision.models.list_models(module=torchvision.models)
+    return name.kind != "file" or Path(name.name).is_file()
 
 
 def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:

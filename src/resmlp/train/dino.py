@@ -271,10 +271,10 @@ class DINOTask(SupervisedTask):
         def features(dataset, batched, name: str):
             batches = eval_batches_or_loader(dataset, batched, trainer.micro_batch, self.cfg.data.num_workers)
             if trainer.cfg.train.progress and trainer.info.is_main:
-                from tqdm.auto import tqdm
+                from resmlp.progress import progress_bar
 
-                batches = tqdm(batches, total=math.ceil(len(dataset) / trainer.micro_batch), unit="batch",
-                               desc=f"k-NN features ({name})", dynamic_ncols=True, leave=False)
+                batches = progress_bar(batches, total=math.ceil(len(dataset) / trainer.micro_batch), unit="batch",
+                                       desc=f"k-NN features ({name})", leave=False)
             return extract_features(fast, batches, trainer.info.device)
 
         return knn_accuracy(*features(data.train_eval, memory_batched, "memory"),

@@ -8,7 +8,8 @@ student itself and offers only the soft KL term; the paper's hard distillation n
 with student logits s, teacher logits t, base supervised loss L (CE on labels, or on Mixup/CutMix targets):
 - hard: 1/2 L(s) + 1/2 CE(s, argmax t)                             (DeiT, used by the ResMLP paper)
 - soft: (1 - alpha) L(s) + alpha tau^2 KL(softmax(t / tau) || softmax(s / tau)) / (batch x classes)   (DeiT)
-The teacher sees exactly the (mixed) images the student sees, as in DeiT. With `distill.cache` (only for
+The teacher sees the (mixed) images the student sees, as in DeiT (at its own resolution and normalisation where
+its checkpoint records them: resmlp.train.teacher.TeacherInput). With `distill.cache` (only for
 a fixed augmentation, checked by the config) each distinct image's teacher output is kept, keyed by a hash
 of its pixels, so the teacher runs once per image (and flip) instead of once per epoch.
 """

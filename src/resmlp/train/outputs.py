@@ -28,15 +28,16 @@ def checkpoint_metadata(trainer: TrainerView, row: dict[str, Any]) -> dict[str, 
                 dataset=trainer.cfg.data.kind, recipe=trainer.cfg.recipe, epoch=row["epoch"], **scores)
 
 
-def side_outputs(trainer: TrainerView, row: dict[str, Any], model: nn.Module, score: float) -> None:
-    """The checkpoint history (train.checkpoint_hist), then metrics CSV, learning curves and the experiment
-    logs (TensorBoard, W&B, MLflow): a failure of those is a warning, never a lost run."""
+def side_outputs(trainer: TrainerView, row: dict[str, Any], model: nn.Module | None = None, score: float = 0.0,
+                 logs: bool = True) -> None:
+    """The checkpoint history (train.checkpoint_hist; with `model`), then metrics CSV, learning curves and the
+    experiment logs (TensorBoard, W&B, MLflow; with `logs`): a failure of those is a warning, never a lost run."""
     out, history = trainer.out, trainer.history
-    if trainer.cfg.train.checkpoint_hist:
+    if trainer.cfg.train.checkpoint_hist and model is not None:
         keep_best(out, trainer.cfg.train.checkpoint_hist, model, checkpoint_metadata(trainer, row), row["epoch"], score)
     for what, write in (("metrics.csv", lambda: reporting.write_metrics_csv(out / "metrics.csv", history)),
                         ("learning_curves.png", lambda: trainer.task.plot(out / "learning_curves.png", history)),
-                        ("experiment logs", lambda: trainer.tb.log(row))):
+                        *([("experiment logs", lambda: trainer.tb.log(row))] if logs else [])):
         try:
             write()
         except Exception as e:  # a side output must not stop training: the state is already saved

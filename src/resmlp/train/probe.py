@@ -134,11 +134,10 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
         batched = (pre.batched_eval(*dataset.images.shape[1:3]) if isinstance(dataset, ArrayDataset) else None)
         loader = eval_batches_or_loader(dataset, batched, batch_size, num_workers)
         if progress:
-            from tqdm.auto import tqdm
+            from resmlp.progress import progress_bar
 
             # the batched form is a generator: the total (and so the ETA) comes from the split's size
-            loader = tqdm(loader, desc=f"features {split}", unit="batch", dynamic_ncols=True,
-                          total=-(-len(dataset) // batch_size))
+            loader = progress_bar(loader, desc=f"features {split}", unit="batch", total=-(-len(dataset) // batch_size))
         split_features += extract_features(features, loader, torch_device)
     if method == "knn":
         key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)

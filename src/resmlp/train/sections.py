@@ -91,6 +91,9 @@ class DistillConfig:
     tau: float = 1.0  # soft: temperature
     weights: str | None = None  # weights file for a timm:/torchvision: teacher
     allow_random_teacher: bool = False  # a timm:/torchvision: teacher without weights is refused unless this is set
+    # the user vouches that the teacher's logit i is the data's class i: admits a teacher whose file records no
+    # class names (resmlp.train.teacher); a recorded order that differs from the data's is refused all the same
+    classes_match: bool = False
     # keep each distinct training image's teacher output (in memory, keyed by its pixels): pays off when the
     # augmentation yields few distinct images (no crops, erasing, Mixup/CutMix, RandAugment; flips allowed).
     # On a GPU it makes every step wait for the host: the batch is hashed there (its pixels copied back) and

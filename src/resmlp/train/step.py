@@ -195,13 +195,20 @@ class CompileChoice:
         return bool(self.decided) and self.device.type == "cuda" and self.world_size == 1
 
     def summary(self) -> dict[str, object]:
-        return dict(compiled=bool(self.decided), cuda_graphs=self.cuda_graphs, why=self.reason)
+        why = self.reason or (f"train.compile=auto: undecided after {self._steps} step(s) of this process (a resumed "
+                              "run times its eager steps again), so it stayed eager")
+        return dict(compiled=bool(self.decided), cuda_graphs=self.cuda_graphs, why=why)
 
     def after_step(self, remaining_steps: int, sync) -> bool | None:
         """Called after each step; True exactly once, when auto decides to compile (the caller compiles)."""
         if self.decided is not None:
             return None
         self._steps += 1
+        if remaining_steps == 0 and self._steps <= 2:  # the run ends before any eager step was timed
+            self.decided = False
+            self.reason = (f"train.compile=auto: the run's {self._steps} step(s) ended before the 2 warm-up steps "
+                           "were timed, so it stayed eager")
+            return False
         if self._steps == 2:
             sync()
             self._start = time.perf_counter()

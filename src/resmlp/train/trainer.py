@@ -35,6 +35,7 @@ from resmlp.runtime import (
     autocast,
     barrier,
     compile_module,
+    data_workers,
     grad_scaler,
     is_accelerator,
     resolve_amp,
@@ -136,6 +137,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             reporting.write_json(self.out / "config.json", self.cfg.to_dict())
             self.tb = reporting.RunLogs(self.out, self.cfg.to_dict())  # TensorBoard, W&B, MLflow
+            if self.history:  # a resume: the files a kill during the last epoch's side outputs left unwritten
+                side_outputs(self, self.history[-1], logs=False)
         try:
             while self.epoch < self.cfg.schedule.epochs and not at_step_limit(self):
                 self._train_epoch()
@@ -206,8 +209,7 @@ class Trainer:
         self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, loss_sum
 
     def _forward_backward(self, micro_batches: Iterator) -> tuple[torch.Tensor, int]:
-        """One optimizer step's forward and backward passes over grad_accum micro-batches: (loss sum on the
-        device, images)."""
+        """Forward and backward over grad_accum micro-batches: (loss sum on the device, images)."""
         t, info = self.cfg.train, self.info
         step_loss, images_seen = torch.zeros((), dtype=torch.float32, device=info.device), 0
         for micro in range(t.grad_accum):
@@ -234,7 +236,7 @@ class Trainer:
                                     device=device if is_accelerator(device) else None)
         else:
             if self._loader is None:
-                workers = self.cfg.data.num_workers
+                workers = data_workers(self.cfg.data.num_workers)  # capped by the usable cores
                 self._loader = DataLoader(SeededDataset(self.data.train), batch_size=self.micro_batch,
                                           sampler=self.sampler, num_workers=workers, collate_fn=collate_skipping,
                                           drop_last=True, pin_memory=is_accelerator(device),
@@ -245,10 +247,12 @@ class Trainer:
     def _progress_bar(self):
         if not (self.cfg.train.progress and self.info.is_main):
             return None
-        from tqdm.auto import tqdm
+        from resmlp.progress import LINE_SECONDS, progress_bar
 
-        return tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch, dynamic_ncols=True,
-                    desc=f"epoch {self.epoch + 1}/{self.cfg.schedule.epochs}")
+        # a plain line per read where stderr is no terminal: each log_every_steps, or every LINE_SECONDS (auto)
+        return progress_bar(total=self.steps_per_epoch, initial=self.step_in_epoch, unit="step",
+                            desc=f"epoch {self.epoch + 1}/{self.cfg.schedule.epochs}",
+                            min_interval_s=0 if self.cfg.train.log_every_steps else LINE_SECONDS)
 
     def _where(self, global_step: int) -> str:
         epoch, step = divmod(global_step, self.steps_per_epoch)
@@ -324,15 +328,15 @@ class Trainer:
         self.epoch += 1
         self.step_in_epoch = 0
         self.epoch_totals = torch.zeros(3, dtype=torch.float64)
-        # the resumable state last: it vouches for every file of the epoch, so a kill between two writes resumes
-        # into a redone epoch that writes them all again, never into a run whose files hold other epochs
+        # the state right after the checkpoints it vouches for; the slow side outputs after it (a resume redraws them)
         if self.info.is_main:
             print(self.task.epoch_message(row, self.cfg.schedule.epochs), flush=True)
             save(eval_model, self.out / "last.safetensors", checkpoint_metadata(self, row))
             if improved:
                 save(eval_model, self.out / "best.safetensors", checkpoint_metadata(self, row))
-            side_outputs(self, row, eval_model, score)
         self._save_state()
+        if self.info.is_main:
+            side_outputs(self, row, eval_model, score)
 
     def _save_state(self) -> None:
         if self.info.is_main:

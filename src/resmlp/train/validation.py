@@ -35,10 +35,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "data.val_seed": (0, 2**32 - 1), "data.permute_seed": (0, 2**32 - 1), "data.synthetic_classes": (1, 100_000),
     "data.num_workers": (0, 256), "data.mixup": (0, 100), "data.cutmix": (0, 100), "optim.weight_decay": (0, 100),
     "schedule.warmup_epochs": (0, 100_000), "schedule.decay_epochs": (0, 100_000),
-    "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096), "train.checkpoint_hist": (0, 100_000),
+    "train.checkpoint_hist": (0, 100_000),
     "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1), "optim.eps": (0, 1),
     "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
-    "schedule.decay_rate": (0, 1),
+    "schedule.decay_rate": (0, 1), "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
     "train.batch_size": (1, 1 << 20), "train.grad_accum": (1, 65536), "train.threads": (1, 4096),
     "train.checkpoint_every_steps": (0, 1 << 40), "train.log_every_steps": (0, 1 << 40), "train.clip_grad": (0, 1e9),
     "distill.tau": (1e-3, 1e3), "finetune.img_size": (1, 4096),
@@ -82,10 +82,11 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None, check_m
     model = {k: _coerce(v, float) if k in _MODEL_FLOATS and isinstance(v, str) and _coerce(v, float) is not _BAD
              else v for k, v in model.items()}  # YAML reads 1e-9 as a string
     cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=model, **sections)
-    errors += _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
+    errors += (range_errors := _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}"))
     if not errors and check_memory:  # the memory estimate needs sizes that are each in range
         errors += memory.check_memory(cfg)
-    errors += _check_values(cfg)  # on the well-typed keys, so one run reports every problem
+    from resmlp.train.value_checks import once_per_key  # here, not above: the module stays within 350 lines
+    errors += once_per_key(range_errors, _check_values(cfg))  # every problem in one run; a key out of range once
     model_sources = (sorted({v for k, v in (sources or {}).items() if k.startswith("model.")})
                      or [f"recipe {cfg.recipe}"])
     errors = [f"{e} (model section from {' and '.join(model_sources)})" if e.startswith("model") else e

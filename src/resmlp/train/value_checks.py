@@ -73,3 +73,13 @@ def check_auto_augment(policy: str) -> list[str]:
         return [f"data.auto_augment: {policy!r} is not a timm policy string such as rand-m9-mstd0.5-inc1 "
                 f"({type(e).__name__}: {e})"]
     return []
+
+
+def once_per_key(range_errors: list[str], value_errors: list[str]) -> list[str]:
+    """The value checks' errors on keys that the range check has not already named: one message per problem
+    ('optim.lr=-1.0 ... is outside the allowed range' and not also 'optim.lr must be > 0')."""
+    def key(error: str) -> str:  # 'optim.lr=-1.0 (from ...', 'optim.lr must be ...', 'data.ratio: ...'
+        return error.split()[0].split("=")[0].rstrip(":")
+
+    named = {key(e) for e in range_errors}
+    return [e for e in value_errors if key(e) not in named]
