@@ -46,6 +46,7 @@ from resmlp.seq2seq.data import (
     SPLITS,
     Tokenizer,
     collate,
+    is_blank,
     pad_batch,
     read_parallel,
     split_paths,
@@ -167,7 +168,7 @@ def translate(
     device = next(model.parameters()).device
     amp = resolve_precision(precision, device)
     out = [""] * len(lines)
-    todo = [i for i, line in enumerate(lines) if line.strip()]
+    todo = [i for i, line in enumerate(lines) if not is_blank(line)]
     ids = tok.encode([lines[i] for i in todo], model.config.max_len, what="source lines")
     order = sorted(range(len(todo)), key=lambda j: len(ids[j]))  # similar lengths: less padding
     starts = range(0, len(order), batch_size)
