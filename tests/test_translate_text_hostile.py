@@ -7,6 +7,7 @@ Before: a corpus with old-Mac line ends ("\\r" only) was read as one sentence (a
 from __future__ import annotations
 
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -121,3 +122,28 @@ def test_decode_drops_a_bom_on_stdin(run, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("\ufeffone\n"))
     assert main(["translate", "decode", str(run), "--beam", "1", "--no-progress"]) == 0
     assert seen == ["one"]
+
+
+# ------------------------------------------------------------------------------------------- broken sacremoses
+@pytest.mark.parametrize("failure", ["raise RuntimeError('boom')", "raise SyntaxError('invalid syntax')",
+                                     "import resmlp_no_such_dependency", "MosesTokenizer = None"])
+def test_a_broken_sacremoses_install_is_one_line_before_any_work(run, tmp_path, capsys, monkeypatch, failure):
+    # before: a traceback, or (a missing dependency) the scores silently switched to the 13a tokenizer
+    fake = tmp_path / "site" / "sacremoses"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(failure + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "sacremoses", raising=False)
+    assert main(["translate", "eval", str(run), "--beam", "1", "--no-progress"]) == 2
+    _one_line_error(capsys, "sacremoses", "is installed but fails to load", "pip install --force-reinstall sacremoses")
+    monkeypatch.delitem(sys.modules, "sacremoses", raising=False)
+    data = Path(json.loads((run / "config.json").read_text())["data"])
+    assert main(_train_args(data, tmp_path / "new")) == 2
+    _one_line_error(capsys, "sacremoses")
+    assert not (tmp_path / "new").exists()
+
+
+def test_without_sacremoses_the_scores_use_13a(run, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # import raises ModuleNotFoundError: not installed
+    assert main(["translate", "eval", str(run), "--beam", "1", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokenized_bleu_tokens"] == "13a (sacremoses not installed)"

@@ -188,9 +188,10 @@ def run_translate_eval(args: argparse.Namespace) -> int:
     from resmlp.runtime import process_settings, resolve_device
     from resmlp.seq2seq.config import check_decoding
     from resmlp.seq2seq.data import read_parallel
-    from resmlp.seq2seq.train import evaluate_translation, load_trained, scores, translate
+    from resmlp.seq2seq.train import evaluate_translation, load_trained, paper_tokenizer, scores, translate
 
     check_decoding(args.beam, args.lenpen)
+    paper_tokenizer()  # a broken sacremoses install stops it now, not after translating
     if bool(args.src) != bool(args.ref):
         raise ValueError("--src and --ref go together")
     with process_settings(args.threads):

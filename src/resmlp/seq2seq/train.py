@@ -26,7 +26,7 @@ import sacrebleu
 import torch
 from torch import nn
 
-from resmlp.errors import CheckpointError, ConfigError
+from resmlp.errors import CheckpointError, ConfigError, InstallError
 from resmlp.fileio import atomic_write, guarded_subfolder, output_lock, remove_stale_temporaries
 from resmlp.hostinfo import host_info
 from resmlp.runtime import (
@@ -186,13 +186,25 @@ def translate(
 def paper_tokenizer(lang: str = "en") -> tuple[str, Callable[[str], str]]:
     """The tokenizer of the paper's tokenized BLEU: the Moses tokenizer, as fairseq's WMT14 preparation (Ott et
     al.) used it, where sacremoses is installed; otherwise sacreBLEU's 13a, the closest one at hand. Returns
-    (name, function)."""
+    (name, function). An install that is there but broken is refused (InstallError), not replaced by 13a: the
+    scores would change tokenizer without a word."""
     try:
         from sacremoses import MosesTokenizer
-    except ImportError:
+
+        moses = MosesTokenizer(lang=lang)
+    except ModuleNotFoundError as e:
+        if e.name != "sacremoses":  # one of its own dependencies is missing
+            raise _broken_sacremoses(e) from None
         return "13a (sacremoses not installed)", sacrebleu.tokenizers.tokenizer_13a.Tokenizer13a()
-    moses = MosesTokenizer(lang=lang)
+    except Exception as e:  # a damaged install raises whatever its code raises: SyntaxError, AttributeError...
+        raise _broken_sacremoses(e) from None
     return "moses", lambda text: moses.tokenize(text, return_str=True, escape=False)
+
+
+def _broken_sacremoses(e: Exception) -> InstallError:
+    reason = (str(e).splitlines() or [""])[0][:200]
+    return InstallError(f"sacremoses (the Moses tokenizer of the paper's tokenized BLEU) is installed but fails to "
+                        f"load ({type(e).__name__}: {reason}); reinstall it: pip install --force-reinstall sacremoses")
 
 
 def _compound_split_tokens(text: str, tokenize: Callable[[str], str]) -> str:
@@ -268,6 +280,7 @@ def train_translation(cfg: TranslationConfig, resume: bool = False) -> dict[str,
     out = Path(cfg.output)
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(f"{out} already holds a checkpoint; pass --resume to continue it or pick another --output")
+    paper_tokenizer()  # a broken sacremoses install stops the run now, not when it scores after training
     # before anything is read, built or written, at the most pieces the tokenizer can have (it may end with fewer)
     check_training_memory(cfg.model_config(cfg.vocab_size), cfg.max_tokens)
     with process_settings(cfg.threads):
