@@ -851,7 +851,7 @@ for _label, _bad, _words in (
                       "--eval-every", "2", "--beam", "1", "--threads", "1", "--output", str(d / "o"))
         if words:
             return clean_cli_failure(rc, err, words)
-        warned = [line for line in err.splitlines() if "truncat" in line]
+        warned = [line for line in err.splitlines() if "dropped" in line]  # the over-long pair, as fairseq
         return "Traceback" not in err and rc == 0 and bool(warned), f"exit {rc}: {(warned or ['no warning'])[0][:150]}"
 
 

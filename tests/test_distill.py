@@ -51,7 +51,9 @@ def test_hard_and_soft_formulas_match_a_hand_computation():
     for srow, trow in zip(s, t, strict=True):
         ls, lt = log_softmax(srow, tau), log_softmax(trow, tau)
         kl += sum(math.exp(b) * (b - a) for a, b in zip(ls, lt, strict=True))
-    expected = (1 - alpha) * base.item() + alpha * tau**2 * kl / 2
+    # DeiT's losses.py: kl_div(..., reduction='sum') * T * T / outputs_kd.numel(), i.e. over batch x classes
+    expected = (1 - alpha) * base.item() + alpha * tau**2 * kl / student.numel()
+    assert student.numel() == 2 * len(s[0]) > 2
     assert soft_distillation_loss(student, teacher, base, alpha, tau).item() == pytest.approx(expected, rel=1e-5)
 
 

@@ -83,8 +83,11 @@ def test_every_optimizer_trains_on_the_gpu_without_a_host_wait_per_step(tmp_path
     {"train.grad_accum": 2},
     {"train.channels_last": True},
     {"train.checkpoint_every_steps": 3},
+    {"train.checkpoint_hist": 1},  # the N best checkpoints: written at the epoch's end, never within a step
     {"train.compile": "auto"},  # up to its decision: too short a run to compile
     {"data.batch_augment": False},  # the DataLoader path: pinned batches, the side-stream prefetch
+    {"train.clip_grad": 1.0},  # one global norm (torch's clip_grad_norm_)
+    {"train.clip_mode": "per_param", "train.clip_grad": 1.0},  # DINO's per-parameter clipping, foreach on device
 ], ids=lambda s: next(iter(s)))
 def test_every_step_option_keeps_the_step_free_of_host_waits(tmp_path, capsys, setting):
     ledger = run_cli(["train", "--recipe", "fashion-mnist-quick", "--output", str(tmp_path / "run")],
@@ -277,6 +280,24 @@ def test_the_translation_trainer_reads_once_per_log_interval(tmp_path, number_co
         "resmlp.seq2seq.train:_train"}  # the model's weights going up once; batches go pinned (no event)
     per_validation = Counter(e.kind for e in ledger.inside("validation_loss"))
     assert per_validation == {"read": 2}  # 2 validations, one read each
+
+
+def test_accumulated_updates_and_averaging_read_nothing_more_on_the_gpu(tmp_path, number_corpus):
+    """--update-freq 3: three batches per update, still one read per log interval; --average-last 2: the kept
+    checkpoints are written with checkpoint.pt, the mean built after the loop (host memory, then one copy up)."""
+    from resmlp.seq2seq.train import TranslationConfig, train_translation
+
+    cfg = TranslationConfig(output=str(tmp_path / "run"), data=str(number_corpus), src_suffix="en", tgt_suffix="fr",
+                            preset="tiny", model_overrides={"max_len": 24}, vocab_size=120, max_tokens=256,
+                            optimizer="adam", lr=3e-3, warmup_steps=2, max_steps=8, eval_every=4, log_every=4,
+                            beam=2, progress=False, device="cuda", precision="bf16", update_freq=3, average_last=2)
+    with fake_cuda() as ledger:
+        summary = train_translation(cfg)
+    assert summary["steps"] == 8 and summary["averaged_steps"] == [4, 8]
+    in_loop = ledger.inside("_train", allowed=("validation_loss", "save_checkpoint", "evaluate_translation",
+                                               "_scored_model"))
+    assert [e.kind for e in in_loop if e.kind != "unpinned-host-to-device"] == ["read", "read"]  # per log interval
+    assert {e.site() for e in in_loop if e.kind == "unpinned-host-to-device"} == {"resmlp.seq2seq.train:_train"}
 
 
 @pytest.mark.parametrize("beam", [1, 3])

@@ -44,6 +44,12 @@ DIFFERENT: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "--clip-norm": (["1.0"], ("--clip-norm was 0.0, now 1.0",)),
     "--precision": (["bf16"], ("--precision was 'fp32', now 'bf16'",)),
     "--seed": (["5"], ("--seed was 0, now 5",)),
+    # the batch of an update and the checkpoints averaged: not a resume's to change (docs/translation.md)
+    "--update-freq": (["2"], ("--update-freq was 1, now 2",)),
+    "--average-last": (["3"], ("--average-last was 1, now 3",)),
+    "--activation": (["relu"], ("--activation was 'gelu', now 'relu'",)),
+    "--attention-dropout": (["0.2"], ("--attention-dropout was 0.0, now 0.2",)),
+    "--activation-dropout": (["0.2"], ("--activation-dropout was 0.0, now 0.2",)),
 }
 # what a resume may change (seq2seq.config.RESUMABLE_CHANGES), and --output/--resume themselves
 MAY_CHANGE = {"--output", "--resume", "--data", "--max-steps", "--max-minutes", "--eval-every", "--beam", "--lenpen",

@@ -143,7 +143,10 @@ def test_a_broken_sacremoses_install_is_one_line_before_any_work(run, tmp_path, 
     assert not (tmp_path / "new").exists()
 
 
-def test_without_sacremoses_the_scores_use_13a(run, capsys, monkeypatch):
+def test_without_sacremoses_the_scores_say_so(run, capsys, monkeypatch):
+    from resmlp.seq2seq.scoring import MISSING_MOSES
+
     monkeypatch.setitem(sys.modules, "sacremoses", None)  # import raises ModuleNotFoundError: not installed
     assert main(["translate", "eval", str(run), "--beam", "1", "--no-progress"]) == 0
-    assert json.loads(capsys.readouterr().out)["tokenized_bleu_tokens"] == "13a (sacremoses not installed)"
+    result = json.loads(capsys.readouterr().out)
+    assert result["tokenized_bleu"] is None and result["tokenized_bleu_tokens"] == MISSING_MOSES

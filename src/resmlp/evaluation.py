@@ -89,7 +89,13 @@ def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: in
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file, or a run folder (its best.safetensors)."""
+    """A checkpoint file, a run folder (its best.safetensors), or published weights named as timm names them
+    (resmlp_s12.fb_in1k: their file in the cache, resmlp.models.weight_tags)."""
+    from resmlp.models.weight_tags import tagged_weights
+
+    weights = None if Path(path).exists() else tagged_weights(str(path))
+    if weights is not None:
+        return weights
     path = Path(path)
     if path.is_dir():
         best = path / "best.safetensors"
@@ -106,7 +112,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
              split: str | None = None, output: str | Path | None = None, batch_size: int = EVAL_BATCH_SIZE,
              num_workers: int = 2,
              device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False,
-             announce: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             announce: Callable[[dict[str, Any]], None] | None = None,
+             crop_pct: float | None = None) -> dict[str, Any]:
     """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
 
     data: a dataset kind (fashion-mnist, folder, cifar10, cifar100, synthetic) or a folder path (then
@@ -114,7 +121,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     train, val or test; None: test where the dataset has one, else val (resmlp.data.heldout_split). With
     `output`, writes OUTPUT/summary.json (keys as a training run's) and OUTPUT/confusion_matrix.png (none with
     plot=False); without it, no file. `announce(summary)` is called before any file is written, so a score
-    is shown even when the output folder can't be written.
+    is shown even when the output folder can't be written. crop_pct: replaces the evaluation crop (the
+    preprocessing is resmlp.preprocess.preprocess_of_file's; summary["preprocess_note"] says what was assumed).
     """
     from resmlp import reporting
     from resmlp.hostinfo import host_info
@@ -122,7 +130,7 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
 
     check_device_name(device)
     checkpoint = resolve_checkpoint(checkpoint)
-    loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
+    loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None, crop_pct=crop_pct)
     options: dict[str, Any] = {}
     if data is None and data_dir is None:
         data, data_dir, options = _run_data(checkpoint)
@@ -168,7 +176,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                    wall_seconds=round(time.perf_counter() - start, 1), checkpoint=str(checkpoint.resolve()),
                    loss=result["loss"], images=result["images"], skipped_images=result["skipped"],
                    dataset=data, split=split, per_class_top1=per_class, precision=precision_name(precision),
-                   device=str(torch_device), batch_size=batch_size, host=host_info(precision))
+                   device=str(torch_device), batch_size=batch_size, host=host_info(precision),
+                   preprocess=dict(pre.to_dict(), source=pre.source), preprocess_note=pre.note or None)
     if announce is not None:
         announce(summary)
     if output is not None:  # only where asked: never beside the checkpoint, whose folder may be read-only

@@ -8,13 +8,16 @@ import shlex
 from pathlib import Path
 
 from resmlp.commands.common import (
+    add_crop_argument,
     add_output_argument,
     add_progress_argument,
     add_threads_argument,
     add_training_arguments,
     amp_value,
     batch_size,
+    print_dry_run,
     recipe_for,
+    stopped_early,
     training_overrides,
 )
 
@@ -37,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     kd.add_argument("--distill-cache", action="store_true", default=None,
                     help="run the teacher once per distinct image (fixed augmentation only; on a GPU each step "
                          "waits for the host to hash the batch; = distill.cache)")
+    p.add_argument("--pretrained", action="store_true",
+                   help="start from the model's published weights (resmlp_s12 -> resmlp_s12.fb_in1k, timm's tag; a "
+                        "new head for the data's classes): the finetune task")
     p.add_argument("--initial-checkpoint", metavar="CKPT",
                    help="start from this checkpoint (= model.name; the finetune task, see `resmlp finetune`)")
     p.set_defaults(run=run_train)
@@ -56,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--batch-size", type=batch_size, default=256, metavar="N",
                        help="images per batch (default 256)")
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    add_crop_argument(e)
     add_threads_argument(e)
     e.set_defaults(run=run_eval)
 
@@ -68,8 +75,19 @@ def run_train(args: argparse.Namespace) -> int:
              "distill.cache": args.distill_cache, "distill.allow_random_teacher": args.allow_random_teacher,
              "model.name": args.initial_checkpoint}
     overrides = training_overrides(args, {k: v for k, v in extra.items() if v is not None})
-    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume)
-    print_summary(summary, args.output)
+    if args.pretrained:
+        from resmlp.models.weight_tags import pretrained_name
+        from resmlp.train.config import load_config
+
+        name = overrides.get("model.name") or load_config(recipe_for(args), overrides, False).model["name"]
+        overrides["model.name"] = pretrained_name(str(name))
+    if args.dry_run:
+        from resmlp.train.config import load_config
+
+        return print_dry_run(args, lambda more: load_config(recipe_for(args), {**overrides, **more}, False))
+    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume, max_steps=args.max_steps)
+    if not stopped_early(summary, args):
+        print_summary(summary, args.output)
     return 0
 
 
@@ -102,6 +120,8 @@ def test_scores_line(summary: dict) -> str:
 def _print_scores(summary: dict) -> None:
     """The scores of an evaluation, printed before its files are written (a failed write keeps them shown)."""
     width = max(len(name) for name in summary["per_class_top1"])
+    if summary["preprocess_note"]:
+        print(summary["preprocess_note"])
     print(f"{summary['checkpoint']} on {summary['dataset']} ({summary['split']}, {summary['images']} images)")
     for name, acc in summary["per_class_top1"].items():
         print(f"  {name:<{width}}  {acc:6.2f}%")
@@ -118,7 +138,7 @@ def run_eval(args: argparse.Namespace) -> int:
     with process_settings(args.threads), output_lock(args.output):  # a folder a training holds is refused
         summary = evaluate(args.checkpoint, data=args.data, data_dir=args.data_dir, split=args.split,
                            output=args.output, batch_size=args.batch_size, device=args.device, amp=args.amp,
-                           progress=args.progress, announce=_print_scores)
+                           progress=args.progress, announce=_print_scores, crop_pct=args.crop_pct)
     if args.output:
         print(f"confusion matrix: {summary['confusion_matrix']}\nsummary: {args.output}/summary.json")
     split = summary["split"]

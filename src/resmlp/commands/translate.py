@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,8 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     t.add_argument("--recipe", choices=sorted(RECIPES), action=_ApplyRecipe,
                    help="the paper's WMT14 setup (section 3.6; sources in resmlp/seq2seq/recipes.py): sets "
-                        "--preset --optimizer --lr --warmup-steps --label-smoothing --dropout --layerscale-init "
-                        "--beam --lenpen --vocab-size --max-minutes; give it first: flags after it override it")
+                        "--preset --optimizer --lr --warmup-steps --label-smoothing --dropout --attention-dropout "
+                        "--activation-dropout --layerscale-init --beam --lenpen --vocab-size --max-tokens "
+                        "--average-last --max-minutes, and --update-freq from the number of processes (about "
+                        "460k tokens per update, as Ott et al.); give it first: flags after it override it")
     t.add_argument("--src-suffix", default="src", help="source file suffix, e.g. en (default src)")
     t.add_argument("--tgt-suffix", default="tgt", help="target file suffix, e.g. de (default tgt)")
     t.add_argument("--train-size", type=int, default=50_000, help="training pairs of the built-in task")
@@ -43,19 +48,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, typ in (("dim", int), ("hidden", int), ("encoder-layers", int), ("decoder-layers", int),
                       ("heads", int), ("max-len", int), ("dropout", float), ("layerscale-init", float)):
         t.add_argument(f"--{name}", type=typ, help=f"override the preset's {name}")
+    t.add_argument("--attention-dropout", type=float, metavar="P",
+                   help="dropout on attention probabilities (default 0, fairseq's transformer default)")
+    t.add_argument("--activation-dropout", type=float, metavar="P",
+                   help="dropout after the FFN's non-linearity (default 0, fairseq's transformer default)")
+    t.add_argument("--activation", choices=("gelu", "relu"),
+                   help="FFN non-linearity (default: gelu for resmlp, the paper's eq. 3; relu for transformer, "
+                        "fairseq's)")
     t.add_argument("--positions", choices=("none", "sinusoidal"),
                    help="ResMLP position encodings added to the embeddings (default sinusoidal)")
     t.add_argument("--vocab-size", type=int, default=1000, help="joint sentencepiece vocabulary (may end smaller)")
     t.add_argument("--optimizer", choices=("adagrad", "adam"), default="adagrad",
-                   help="adagrad + linear warm-up (paper) or adam + inverse-sqrt")
+                   help="adagrad + linear warm-up (paper), then constant (this project's choice), or adam + "
+                        "inverse-sqrt")
     t.add_argument("--lr", type=float, help="peak learning rate (default 0.2 adagrad, 5e-4 adam)")
     t.add_argument("--warmup-steps", type=int, default=500, metavar="N",
                    help="steps of linear learning-rate warm-up (default 500)")
     t.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch (per process)")
+    t.add_argument("--update-freq", type=int, metavar="N",
+                   help="accumulate the gradients of N batches per process into one update, a step (fairseq's "
+                        "--update-freq; default 1, or with --recipe what makes its tokens per update)")
     t.add_argument("--max-steps", type=int, default=100_000, metavar="N",
                    help="stop after this many optimizer steps (default 100000)")
     t.add_argument("--max-minutes", type=float, default=20.0, help="wall-clock training budget")
     t.add_argument("--eval-every", type=int, default=500, help="validation loss + checkpoint every N steps")
+    t.add_argument("--average-last", type=int, default=1, metavar="N",
+                   help="keep the last N checkpoints (checkpoint_STEP.pt) and decode the test split with their "
+                        "parameter mean, as fairseq's average_checkpoints.py (default 1: no averaging)")
     t.add_argument("--label-smoothing", type=float, default=0.1, metavar="EPS",
                    help="label smoothing of the cross-entropy (default 0.1)")
     t.add_argument("--clip-norm", type=float, default=0.0, help="gradient norm clipping (0 = off)")
@@ -76,6 +95,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--json", help="also write the scores to this file")
     e.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     e.set_defaults(run=run_translate_eval)
+
+    a = tsub.add_parser("average", help="average the last N kept checkpoints of a run (fairseq's "
+                                        "average_checkpoints.py) into RUN/checkpoint_avgN.pt")
+    a.add_argument("run_dir", metavar="RUN", help="training output directory trained with --average-last N or more")
+    a.add_argument("--last", type=int, default=5, metavar="N",
+                   help="how many of the last kept checkpoints to average (default 5)")
+    a.set_defaults(run=run_translate_average)
 
     d = tsub.add_parser("decode", help="translate lines from a file or stdin")
     d.add_argument("checkpoint", help="training output directory or its checkpoint.pt")
@@ -145,6 +171,7 @@ def _preparing(args: argparse.Namespace) -> None:
 
 
 def run_translate_train(args: argparse.Namespace) -> int:
+    from resmlp.seq2seq.config import MODEL_OVERRIDES
     from resmlp.seq2seq.train import TranslationConfig, train_translation
 
     source_given = args.task is not None or args.data is not None
@@ -157,24 +184,61 @@ def run_translate_train(args: argparse.Namespace) -> int:
                          f"run in --output, which needs its config.json: {Path(args.output) / 'config.json'} is "
                          "not there)")
     _fill_flags(args, args.flag_defaults)
-    overrides = {k: getattr(args, k) for k in ("dim", "hidden", "encoder_layers", "decoder_layers", "heads",
-                                               "max_len", "dropout", "layerscale_init", "positions")
-                 if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in MODEL_OVERRIDES if getattr(args, k) is not None}
     lr = args.lr if args.lr is not None else (0.2 if args.optimizer == "adagrad" else 5e-4)
     cfg = TranslationConfig(
         output=args.output, task=args.task, data=args.data, src_suffix=args.src_suffix,
         tgt_suffix=args.tgt_suffix, task_train_size=args.train_size, arch=args.arch, preset=args.preset,
         model_overrides=overrides, vocab_size=args.vocab_size, optimizer=args.optimizer, lr=lr,
-        warmup_steps=args.warmup_steps, max_tokens=args.max_tokens, max_steps=args.max_steps,
-        max_minutes=args.max_minutes, eval_every=args.eval_every, label_smoothing=args.label_smoothing,
+        warmup_steps=args.warmup_steps, max_tokens=args.max_tokens, update_freq=_update_freq(args),
+        max_steps=args.max_steps, max_minutes=args.max_minutes, eval_every=args.eval_every,
+        average_last=args.average_last, label_smoothing=args.label_smoothing,
         clip_norm=args.clip_norm, precision=args.precision, beam=args.beam, lenpen=args.lenpen,
         seed=args.seed, device=args.device, threads=args.threads, progress=args.progress,
     )
+    if args.recipe is not None and not args.resume:  # a resume keeps the run's batch, printed when it started
+        _print_batch(cfg, args.recipe)
     _preparing(args)
     summary = train_translation(cfg, resume=args.resume)
     if summary:
         print(json.dumps(summary, indent=2))
     return 0
+
+
+def _processes() -> int:
+    """The number of training processes: torchrun's WORLD_SIZE, else 1."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"WORLD_SIZE={value!r}: expected the number of processes (torchrun sets it)")
+    return int(value)
+
+
+def _update_freq(args: argparse.Namespace) -> int:
+    """--update-freq as given (default 1); with --recipe and none given, the fewest batches per process whose tokens
+    make the recipe's tokens per update with this many processes (WORLD_SIZE)."""
+    if args.update_freq is not None or args.recipe is None or args.max_tokens < 1:  # TranslationConfig checks them
+        return 1 if args.update_freq is None else args.update_freq
+    from resmlp.seq2seq.config import RANGES
+    from resmlp.seq2seq.recipes import TOKENS_PER_UPDATE
+
+    world, target = _processes(), TOKENS_PER_UPDATE[0]
+    freq = max(1, math.ceil(target / (args.max_tokens * world)))
+    if freq > RANGES["update_freq"][1]:
+        raise ValueError(f"--recipe {args.recipe}: {target:,} tokens per update would take {freq} batches of "
+                         f"--max-tokens {args.max_tokens} on {world} processes, more than --update-freq allows "
+                         f"({RANGES['update_freq'][1]}); raise --max-tokens")
+    return freq
+
+
+def _print_batch(cfg, recipe: str) -> None:
+    """A recipe run's effective batch, once (rank 0), against the paper's."""
+    from resmlp.seq2seq.recipes import TOKENS_PER_UPDATE
+
+    world = _processes()
+    if os.environ.get("RANK", "0") == "0":
+        print(f"--recipe {recipe}: {cfg.max_tokens} tokens per batch x {cfg.update_freq} batches per update "
+              f"(--update-freq) x {world} processes = {cfg.max_tokens * cfg.update_freq * world:,} tokens per update "
+              f"at most (paper: {TOKENS_PER_UPDATE[0]:,}, {TOKENS_PER_UPDATE[1]})", file=sys.stderr, flush=True)
 
 
 def _run_config(checkpoint: str):
@@ -188,10 +252,11 @@ def run_translate_eval(args: argparse.Namespace) -> int:
     from resmlp.runtime import process_settings, resolve_device
     from resmlp.seq2seq.config import check_decoding
     from resmlp.seq2seq.data import read_parallel
-    from resmlp.seq2seq.train import evaluate_translation, load_trained, paper_tokenizer, scores, translate
+    from resmlp.seq2seq.scoring import moses_tokenizer
+    from resmlp.seq2seq.train import evaluate_translation, load_trained, scores, translate
 
     check_decoding(args.beam, args.lenpen)
-    paper_tokenizer()  # a broken sacremoses install stops it now, not after translating
+    moses_tokenizer()  # a broken sacremoses install stops it now, not after translating
     if bool(args.src) != bool(args.ref):
         raise ValueError("--src and --ref go together")
     with process_settings(args.threads):
@@ -212,6 +277,22 @@ def run_translate_eval(args: argparse.Namespace) -> int:
         from resmlp.fileio import atomic_write
 
         atomic_write(args.json, lambda p: p.write_text(text))
+    return 0
+
+
+def run_translate_average(args: argparse.Namespace) -> int:
+    from resmlp.seq2seq.averaging import write_average
+    from resmlp.seq2seq.config import RANGES
+
+    low, high = RANGES["average_last"]
+    if not low <= args.last <= high:
+        raise ValueError(f"--last {args.last}: expected a whole number from {low} to {high}")
+    if not Path(args.run_dir).is_dir():
+        raise FileNotFoundError(f"{args.run_dir} is not a folder; expected a `resmlp translate train` output folder")
+    path, averaged = write_average(args.run_dir, args.last)
+    steps = ", ".join(map(str, averaged["averaged_steps"]))
+    print(f"averaged the checkpoints of steps {steps} into {path}\nscore it with: resmlp translate eval "
+          f"{shlex.quote(str(path))}")
     return 0
 
 

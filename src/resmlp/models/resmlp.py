@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from timm.layers import DropPath, Mlp, PatchEmbed
+from timm.layers import DropPath, Mlp, PatchEmbed, lecun_normal_
 from timm.models import checkpoint_seq
 from timm.models._features import feature_take_indices  # timm exports it only from this module
 from torch import nn
@@ -58,10 +58,11 @@ def _is_number(value: Any) -> bool:
 
 
 def default_layerscale_init(depth: int) -> float:
-    """LayerScale init by depth, as the authors' S12/S24/S36 use it: 0.1 up to 12 blocks, 1e-5 up to 24, else 1e-6.
-
-    The authors' B24 (width 768, 24 blocks) starts at 1e-6 instead: its presets set `layerscale_init`."""
-    if depth <= 12:
+    """LayerScale init by depth, CaiT's rule, which the paper follows (Section 3.1: "as a function of the depth by
+    following CaiT"; CaiT, Section 2.1: 0.1 for depth up to 18, 1e-5 for depth 24, 1e-6 deeper): 0.1 up to 18
+    blocks, 1e-5 up to 24, else 1e-6. The authors' S12 / S24 / S36 (0.1 / 1e-5 / 1e-6) follow it; their B24/8
+    (DeiT's resmlpB_24, width 768, 24 blocks) starts at 1e-6 instead, which the B24 presets set themselves."""
+    if depth <= 18:
         return 0.1
     if depth <= 24:
         return 1e-5
@@ -234,7 +235,10 @@ class ResMLP(nn.Module):
         self.class_mlp = _class_mlp(cfg)
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(cfg.dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
-        self.apply(_init_weights)
+        if _is_mixer(cfg):
+            _init_mixer_weights(self)
+        else:
+            self.apply(_init_weights)
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         self.feature_info = _feature_info(cfg)
@@ -522,6 +526,28 @@ def _adapt_incoming_state(module: ResMLP, state_dict: dict[str, Any], prefix: st
     for k in own:
         del state_dict[k]
     state_dict.update({prefix + k: v for k, v in adapted.items()})
+
+
+def _is_mixer(cfg: ResMLPConfig) -> bool:
+    """MLP-Mixer's block design (resmlp.models.mixer): token-mixing MLP, LayerNorm, no LayerScale."""
+    return cfg.cross_patch == "mlp" and cfg.norm == "layernorm" and not cfg.layerscale
+
+
+def _init_mixer_weights(model: nn.Module) -> None:
+    """MLP-Mixer's own init, as its authors' Flax code (google-research/vision_transformer models_mixer.py: Dense
+    and Conv at Flax's default lecun_normal with zero biases, the head's kernel zeros) and timm's
+    mlp_mixer._init_weights(..., flax=True); timm's non-Flax default (xavier_uniform) is its author's own."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and name == "head":
+            nn.init.zeros_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, (nn.Linear, nn.Conv2d)):
+            lecun_normal_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
 
 
 def _init_weights(module: nn.Module) -> None:

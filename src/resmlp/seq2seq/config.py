@@ -32,10 +32,16 @@ RANGES: dict[str, tuple[float, float]] = {
     "warmup_steps": (0, 1 << 40), "max_tokens": (1, 1 << 20), "max_steps": (1, 1 << 40), "max_minutes": (1e-3, 1e7),
     "eval_every": (1, 1 << 40), "label_smoothing": (0, 0.999), "clip_norm": (0, 1e9), "beam": (1, MAX_BEAM),
     "lenpen": (0, 10), "seed": (0, 2**63 - 1), "log_every": (1, 1 << 40), "threads": (1, 4096),
+    # batches per process in one update (fairseq's --update-freq): the WMT recipes need 128 on one process (Ott
+    # et al.'s 128 GPUs), 1024 leaves room for batches 8 times smaller
+    "update_freq": (1, 1024),
+    # checkpoints kept and averaged for the test decoding; Vaswani et al. averaged the last 20 for their big
+    # models, past a few dozen the first ones are from another point of the run
+    "average_last": (1, 100),
 }
 # the model options a run may set over its preset (flags --dim ... --positions)
 MODEL_OVERRIDES = ("dim", "hidden", "encoder_layers", "decoder_layers", "heads", "max_len", "dropout",
-                   "layerscale_init", "positions")
+                   "attention_dropout", "activation_dropout", "activation", "layerscale_init", "positions")
 # what a resume may change: how long it runs (a finished run is extended by raising them), how often it
 # checkpoints and logs, where and how fast it runs, how the test split is decoded, where the folders now are
 RESUMABLE_CHANGES = ("max_steps", "max_minutes", "eval_every", "log_every", "device", "threads", "progress", "beam",
@@ -68,10 +74,12 @@ class TranslationConfig:
     optimizer: str = "adagrad"
     lr: float = 0.2
     warmup_steps: int = 500
-    max_tokens: int = 4096
+    max_tokens: int = 4096  # padded tokens of one batch of one process
+    update_freq: int = 1  # batches per process whose gradients make one update (one step)
     max_steps: int = 100_000
     max_minutes: float = 20.0  # wall-clock training budget, checked every step
     eval_every: int = 500
+    average_last: int = 1  # keep the last N checkpoints (checkpoint_STEP.pt) and score the test split with their mean
     label_smoothing: float = 0.1
     clip_norm: float = 0.0
     precision: str = "fp32"  # CPU bf16 autocast measured ~8x slower for these models (docs/translation.md)

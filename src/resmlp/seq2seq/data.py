@@ -8,8 +8,10 @@ Bad input, and what happens to it:
   empty line without running the model;
 - a byte order mark (U+FEFF) at the start of any file or of stdin (sources, targets, `eval --ref` references):
   dropped, as Python's utf-8-sig codec does; else it would stay in the first sentence (and its score);
-- a line longer than the model's max_len (in subword tokens): truncated to fit, with a warning saying how
-  many lines were cut (sources keep max_len tokens, targets max_len - 1 so BOS/EOS fit);
+- a training or validation pair longer than the model's max_len (in subword tokens, the source with its EOS, the
+  target with BOS or EOS): dropped, with a warning saying how many, as fairseq drops them (its training batches
+  skip pairs over the model's positions; its WMT preparation keeps pairs of 1 to 250 tokens); a source given to
+  ``decode`` or a test split is truncated to fit instead, with a warning (every test sentence must be scored);
 - characters the tokenizer never saw: sentencepiece maps them to <unk> (id 3), with a warning count;
 - a file that is not UTF-8: ValueError naming the file;
 - a file without a single sentence pair (empty): DataError naming the file;
@@ -154,10 +156,11 @@ class Tokenizer:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, lines: list[str], max_tokens: int, what: str = "lines") -> list[list[int]]:
-        """Token ids per line, cut to max_tokens; warns how many lines were cut or had unknown characters."""
+    def encode(self, lines: list[str], max_tokens: int | None, what: str = "lines") -> list[list[int]]:
+        """Token ids per line, cut to max_tokens (None: whole); warns how many lines were cut or had unknown
+        characters."""
         ids = self.sp.encode(lines)
-        cut = sum(len(x) > max_tokens for x in ids)
+        cut = 0 if max_tokens is None else sum(len(x) > max_tokens for x in ids)
         unknown = sum(UNK in x for x in ids)
         if cut:
             warnings.warn(f"{cut} of {len(ids)} {what} longer than {max_tokens} tokens were truncated "
@@ -165,7 +168,7 @@ class Tokenizer:
         if unknown:
             warnings.warn(f"{unknown} of {len(ids)} {what} contain characters unknown to the tokenizer; "
                           "they are read as <unk>", stacklevel=2)
-        return [x[:max_tokens] for x in ids]
+        return ids if max_tokens is None else [x[:max_tokens] for x in ids]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode(ids)
@@ -199,6 +202,29 @@ def pad_batch(seqs: list[list[int]], prefix: Sequence[int] = (), suffix: Sequenc
     return out
 
 
-def collate(src: list[list[int]], tgt: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(source, decoder input = BOS + target, decoder output = target + EOS), right-padded with PAD."""
-    return pad_batch(src), pad_batch(tgt, prefix=[BOS]), pad_batch(tgt, suffix=[EOS])
+def encode_pairs(tok: Tokenizer, src: list[str], tgt: list[str], max_len: int, source_eos: bool, what: str
+                 ) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of the pairs that fit a model of `max_len` positions: the source with its EOS (`source_eos`), the
+    target with BOS (decoder input) or EOS (output). Longer pairs are dropped, not cut (a cut target teaches the
+    model to stop mid-sentence), with a warning giving the count."""
+    src_ids, tgt_ids = tok.encode(src, None, f"{what} sources"), tok.encode(tgt, None, f"{what} targets")
+    fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True))
+            if len(s) + source_eos <= max_len and len(t) + 1 <= max_len]
+    if not fits:
+        raise DataError(f"every {what} pair is longer than the model's max_len {max_len} tokens; raise --max-len")
+    if len(fits) < len(src_ids):
+        warnings.warn(f"{len(src_ids) - len(fits)} of {len(src_ids)} {what} pairs are longer than the model's "
+                      f"max_len {max_len} tokens and were dropped (raise --max-len to keep them)", stacklevel=2)
+    return [src_ids[i] for i in fits], [tgt_ids[i] for i in fits]
+
+
+def source_batch(src: list[list[int]], source_eos: bool = True) -> torch.Tensor:
+    """Sources right-padded with PAD, each ended by EOS when the model was trained so (fairseq's binarised sources
+    end with EOS)."""
+    return pad_batch(src, suffix=[EOS] if source_eos else [])
+
+
+def collate(src: list[list[int]], tgt: list[list[int]], source_eos: bool = True
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(source [+ EOS], decoder input = BOS + target, decoder output = target + EOS), right-padded with PAD."""
+    return source_batch(src, source_eos), pad_batch(tgt, prefix=[BOS]), pad_batch(tgt, suffix=[EOS])

@@ -49,8 +49,9 @@ def recipe_path(name_or_path: str | Path) -> Path:
 
 
 def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
-                overrides: dict[str, Any] | list[str] | None = None) -> TrainConfig:
-    """Recipe (name, YAML path, dict or TrainConfig) + overrides ({"optim.lr": 1e-3} or ["optim.lr=1e-3"])."""
+                overrides: dict[str, Any] | list[str] | None = None, check_memory: bool = True) -> TrainConfig:
+    """Recipe (name, YAML path, dict or TrainConfig) + overrides ({"optim.lr": 1e-3} or ["optim.lr=1e-3"]);
+    check_memory=False: validation does not refuse a run for this machine's memory (resmlp.train.dry_run)."""
     if isinstance(recipe, TrainConfig):
         raw, name, origin = recipe.to_dict(), recipe.recipe, "the config given"
     elif isinstance(recipe, dict):
@@ -85,7 +86,7 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
     raw.setdefault("recipe", name)
     _drop_keys_of_another_model(raw, sources, recipe_model, origin)
     _normalise_as_the_checkpoint(raw)
-    return validate(raw, sources)
+    return validate(raw, sources, check_memory)
 
 
 def _normalise_as_the_checkpoint(raw: dict[str, Any]) -> None:

@@ -12,9 +12,12 @@ from resmlp.evaluation import EVAL_BATCH_SIZE
 from resmlp.hostinfo import host_info
 from resmlp.inference import load_for_inference
 from resmlp.runtime import barrier, precision_name
+from resmlp.train.history import keep_best
 from resmlp.train.state import STATE_FILE
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from resmlp.train.view import TrainerView
 
 
@@ -25,12 +28,15 @@ def checkpoint_metadata(trainer: TrainerView, row: dict[str, Any]) -> dict[str, 
                 dataset=trainer.cfg.data.kind, recipe=trainer.cfg.recipe, epoch=row["epoch"], **scores)
 
 
-def side_outputs(trainer: TrainerView, row: dict[str, Any]) -> None:
-    """Metrics CSV, learning curves and TensorBoard: a failure here is a warning, never a lost run."""
+def side_outputs(trainer: TrainerView, row: dict[str, Any], model: nn.Module, score: float) -> None:
+    """The checkpoint history (train.checkpoint_hist), then metrics CSV, learning curves and the experiment
+    logs (TensorBoard, W&B, MLflow): a failure of those is a warning, never a lost run."""
     out, history = trainer.out, trainer.history
+    if trainer.cfg.train.checkpoint_hist:
+        keep_best(out, trainer.cfg.train.checkpoint_hist, model, checkpoint_metadata(trainer, row), row["epoch"], score)
     for what, write in (("metrics.csv", lambda: reporting.write_metrics_csv(out / "metrics.csv", history)),
                         ("learning_curves.png", lambda: trainer.task.plot(out / "learning_curves.png", history)),
-                        ("TensorBoard log", lambda: trainer.tb.log(row))):
+                        ("experiment logs", lambda: trainer.tb.log(row))):
         try:
             write()
         except Exception as e:  # a side output must not stop training: the state is already saved

@@ -120,6 +120,8 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
             raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
         data, data_dir = "folder", data
     pre, model = loaded.preprocess, loaded.model
+    if pre.note:  # assumed, not read from the file (resmlp.preprocess.preprocess_of_file): said in one line
+        print(pre.note, file=sys.stderr, flush=True)
     torch_device = resolve_device(device)
     precision = "bf16" if resolve_amp(amp, torch_device) == "bf16" else "fp32"
     features = optimize_features(model, precision).to(torch_device)
@@ -149,7 +151,8 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": data,
                "train_images": len(split_features[1]), "test_images": len(split_features[3]),
                "feature_dim": int(split_features[0].shape[1]), "wall_seconds": round(time.perf_counter() - start, 1),
-               "precision": precision, "host": host_info(precision)}
+               "precision": precision, "host": host_info(precision),
+               "preprocess": dict(pre.to_dict(), source=pre.source), "preprocess_note": pre.note or None}
     if method == "knn":
         summary.update(k=k, temperature=temperature)
     if output is not None:

@@ -15,6 +15,7 @@ from resmlp.models.registry import model_config
 from resmlp.models.resmlp import ResMLPConfig
 
 TASKS = ("supervised", "distillation", "finetune", "dino")
+CLIP_MODES = ("norm", "per_param")  # train.clip_mode
 # ResMLPConfig fields that are training hyper-parameters: a fine-tuning run may set them, its checkpoint not
 TRAINING_FIELDS = ("drop_rate", "drop_path_rate")
 
@@ -72,6 +73,9 @@ class ScheduleConfig:
     min_lr: float = 1e-5
     decay_epochs: float = 30  # step only: multiply lr by decay_rate every decay_epochs
     decay_rate: float = 0.1
+    # false: the cosine spans all epochs, warm-up included (timm's default, DeiT's); true: it starts after the
+    # warm-up and spans the rest (timm's warmup_prefix with epochs - warmup_epochs: DINO's utils.cosine_scheduler)
+    warmup_prefix: bool = False
 
 
 @dataclass
@@ -127,6 +131,9 @@ class TrainSection:
     batch_size: int = 256  # GLOBAL batch (all processes, all accumulation steps)
     grad_accum: int = 1
     clip_grad: float | None = None
+    # norm: one global norm over all gradients (timm's --clip-mode norm); per_param: each parameter's gradient
+    # norm clipped alone (DINO's utils.clip_gradients)
+    clip_mode: str = "norm"
     amp: str = "auto"  # auto (bf16 where the hardware has it) | bf16 | fp16 (GPU, with a scaler) | fp32 (= none)
     # auto: compile when the measured eager step says the rest of the run pays for it (resmlp.train.step);
     # true / false force it (set one of them for runs that must repeat bit for bit)
@@ -144,6 +151,10 @@ class TrainSection:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # CPU threads for compute (torch.set_num_threads); None: torch's default
     progress: bool = True
+    checkpoint_hist: int = 0  # keep the N best epochs' checkpoints (timm's --checkpoint-hist; resmlp.train.history)
+    log_wandb: bool = False  # also log each epoch's metrics to Weights & Biases (timm's --log-wandb)
+    log_mlflow: bool = False  # ... and/or to MLflow (resmlp.reporting.RunLogs)
+    experiment: str | None = None  # the W&B project / MLflow experiment; None: resmlp
 
 
 @dataclass

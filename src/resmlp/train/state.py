@@ -25,7 +25,8 @@ STATE_VERSION = 2  # 2: task state under "task", the schedule rebuilt from the c
 # accumulation (the global batch stays: a job resumed on fewer nodes accumulates what more nodes held at once)
 RESUMABLE_CHANGES = ("schedule.epochs", "optim.lr", "train.device", "train.threads", "train.progress",
                      "train.fused_step", "train.checkpoint_every_steps", "train.deterministic", "data.num_workers",
-                     "data.dir", "train.grad_accum", "train.compile", "train.log_every_steps")
+                     "data.dir", "train.grad_accum", "train.compile", "train.log_every_steps", "train.checkpoint_hist",
+                     "train.log_wandb", "train.log_mlflow", "train.experiment")
 
 
 def save_state(path: str | Path, state: dict[str, Any]) -> Path:

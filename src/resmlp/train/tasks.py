@@ -59,7 +59,7 @@ class Task:
 
     def evaluate(self, trainer: TrainerView, model: nn.Module) -> tuple[dict[str, Any], float]:
         """End-of-epoch metrics (entries of the epoch's row) and the score that picks the best checkpoint."""
-        result = self._classify(trainer, model, trainer.data.val, trainer.data.val_batched)
+        result = self._classify(trainer, model, trainer.data.val, trainer.data.val_batched, progress="validation")
         return dict(val_loss=result["loss"], val_top1=result["top1"], val_top5=result["top5"],
                     skipped_val_images=result["skipped"]), result["top1"]
 

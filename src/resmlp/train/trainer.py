@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -41,6 +40,7 @@ from resmlp.runtime import (
     resolve_amp,
 )
 from resmlp.train.config import TrainConfig
+from resmlp.train.controls import at_step_limit, stop_at_step_limit
 from resmlp.train.outputs import checkpoint_metadata, run_summary, score_test_split, side_outputs
 from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
 from resmlp.train.step import (
@@ -48,6 +48,7 @@ from resmlp.train.step import (
     RunningTotals,
     UpdateGuard,
     all_finite,
+    lr_scheduler,
     optimizer_options,
     total_grad_norm,
 )
@@ -61,8 +62,9 @@ class NonFiniteLossError(RuntimeError):
 class Trainer:
     """One training run; `fit()` does it. Public attributes are what tasks may read (see resmlp.train.tasks)."""
 
-    def __init__(self, cfg: TrainConfig, out: Path, info: DistInfo, resume: bool | str | Path, task: Task) -> None:
-        self.cfg, self.out, self.info, self.task = cfg, out, info, task
+    def __init__(self, cfg: TrainConfig, out: Path, info: DistInfo, resume: bool | str | Path, task: Task,
+                 max_steps: int | None = None) -> None:  # max_steps: resmlp.train.controls
+        self.cfg, self.out, self.info, self.task, self.max_steps = cfg, out, info, task, max_steps
         t, device = cfg.train, info.device
         self.state_path = state_to_resume(out, resume)
         self.amp = resolve_amp(t.amp, device)
@@ -123,11 +125,7 @@ class Trainer:
                                              filter_bias_and_bn=True, layer_decay=cfg.optim.layer_decay,
                                              **optimizer_options(opt_name, self.info.device),
                                              **({} if cfg.optim.eps is None else {"eps": cfg.optim.eps}))
-        s = cfg.schedule
-        self.scheduler, _ = create_scheduler_v2(
-            self.optimizer, sched=s.name, num_epochs=s.epochs, decay_epochs=s.decay_epochs, decay_rate=s.decay_rate,
-            min_lr=s.min_lr, warmup_lr=s.warmup_lr, warmup_epochs=s.warmup_epochs, step_on_epochs=False,
-            updates_per_epoch=self.steps_per_epoch)
+        self.scheduler = lr_scheduler(self.optimizer, cfg.schedule, self.steps_per_epoch)
         self.ema = ModelEmaV3(self.model, decay=t.ema_decay) if t.ema else None
         self.scaler = grad_scaler(self.amp, self.info.device)
 
@@ -137,11 +135,14 @@ class Trainer:
         if self.info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             reporting.write_json(self.out / "config.json", self.cfg.to_dict())
-            self.tb = reporting.TensorBoardLog(self.out / "tensorboard")
+            self.tb = reporting.RunLogs(self.out, self.cfg.to_dict())  # TensorBoard, W&B, MLflow
         try:
-            while self.epoch < self.cfg.schedule.epochs:
+            while self.epoch < self.cfg.schedule.epochs and not at_step_limit(self):
                 self._train_epoch()
-                self._end_epoch()
+                if self.step_in_epoch == self.steps_per_epoch:  # not stopped by --max-steps within the epoch
+                    self._end_epoch()
+            if self.epoch < self.cfg.schedule.epochs:
+                return stop_at_step_limit(self, self._save_state)
         finally:
             if self.info.is_main:
                 self.tb.close()
@@ -157,7 +158,7 @@ class Trainer:
         self.totals.reset()
         self.loss_before = self.epoch_totals[0].item()  # a resumed epoch's loss sum so far (host tensor)
         self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, 0.0
-        while self.step_in_epoch < self.steps_per_epoch:
+        while self.step_in_epoch < self.steps_per_epoch and not at_step_limit(self):
             seed_step(t.seed, self.global_step, self.info.rank)
             step_loss, images = self._forward_backward(micro_batches)
             images_seen += images
@@ -273,7 +274,8 @@ class Trainer:
         finite (fp16: the GradScaler skips steps with non-finite gradients itself)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = total_grad_norm(self.model, self.cfg.train.clip_grad) if self.scaler is None else None
+        t = self.cfg.train
+        grad_norm = total_grad_norm(self.model, t.clip_grad, t.clip_mode) if self.scaler is None else None
         ok = all_finite(step_loss, grad_norm)
         if self.info.enabled:  # one verdict for all ranks (no host read: a collective on the device)
             ok = all_reduce_sum((~ok).to(torch.int32).view(1), self.info)[0] == 0
@@ -329,7 +331,7 @@ class Trainer:
             save(eval_model, self.out / "last.safetensors", checkpoint_metadata(self, row))
             if improved:
                 save(eval_model, self.out / "best.safetensors", checkpoint_metadata(self, row))
-            side_outputs(self, row)
+            side_outputs(self, row, eval_model, score)
         self._save_state()
 
     def _save_state(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
 import types
 import typing
@@ -21,12 +20,12 @@ from typing import Any
 import torch
 
 from resmlp.build import build_model, check_constructor_keys, parse_model_name
-from resmlp.complexity import dino_memory_bytes, evaluation_memory_bytes, training_memory_bytes
 from resmlp.data import KINDS
 from resmlp.errors import ConfigError
 from resmlp.preprocess import INTERPOLATIONS
-from resmlp.runtime import DEVICE_NAME, training_device_memory_bytes
-from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
+from resmlp.runtime import DEVICE_NAME
+from resmlp.train import memory, value_checks
+from resmlp.train.sections import CLIP_MODES, SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
 from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
 
 # the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
@@ -36,7 +35,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "data.val_seed": (0, 2**32 - 1), "data.permute_seed": (0, 2**32 - 1), "data.synthetic_classes": (1, 100_000),
     "data.num_workers": (0, 256), "data.mixup": (0, 100), "data.cutmix": (0, 100), "optim.weight_decay": (0, 100),
     "schedule.warmup_epochs": (0, 100_000), "schedule.decay_epochs": (0, 100_000),
-    "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
+    "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096), "train.checkpoint_hist": (0, 100_000),
     "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1), "optim.eps": (0, 1),
     "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
     "schedule.decay_rate": (0, 1),
@@ -52,11 +51,12 @@ RANGES: dict[str, tuple[float, float]] = {
 SIZE_LISTS = {"data.synthetic_size": (1, 10_000_000)}  # every item of these lists
 
 
-def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> TrainConfig:
+def validate(raw: dict[str, Any], sources: dict[str, str] | None = None, check_memory: bool = True) -> TrainConfig:
     """Check every section, key, type and value; raise one ConfigError listing all problems.
 
     `sources` names where a dotted key's value came from (a recipe file, the command line), for the messages;
-    keys without one are named as the recipe's.
+    keys without one are named as the recipe's. check_memory=False: no refusal for this machine's memory (a
+    dry run prints the estimate instead: its run may be meant for another machine).
     """
     check_keys_are_strings(raw)
     errors: list[str] = []
@@ -83,8 +83,8 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
              else v for k, v in model.items()}  # YAML reads 1e-9 as a string
     cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=model, **sections)
     errors += _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
-    if not errors:  # the memory estimate needs sizes that are each in range
-        errors += _check_memory(cfg)
+    if not errors and check_memory:  # the memory estimate needs sizes that are each in range
+        errors += memory.check_memory(cfg)
     errors += _check_values(cfg)  # on the well-typed keys, so one run reports every problem
     model_sources = (sorted({v for k, v in (sources or {}).items() if k.startswith("model.")})
                      or [f"recipe {cfg.recipe}"])
@@ -117,27 +117,6 @@ def _check_ranges(cfg: TrainConfig, sources: dict[str, str], default_source: str
             errors.append(f"model.{key}={value!r} (from {sources.get(f'model.{key}', default_source)}): expected "
                           "a finite number")
     return errors
-
-
-def _check_memory(cfg: TrainConfig) -> list[str]:
-    """A preset model whose training would not fit in this machine's memory, refused before it is built."""
-    try:
-        config = cfg.model_config(cfg.data.synthetic_classes if cfg.data.kind == "synthetic" else None)
-    except (ValueError, TypeError):
-        return []  # _check_model reports it
-    micro_batch = max(1, cfg.train.batch_size // (cfg.train.grad_accum * int(os.environ.get("WORLD_SIZE", "1"))))
-    dn = cfg.dino
-    dino = 0 if cfg.task_name != "dino" else dino_memory_bytes(
-        config.dim, dn.out_dim, dn.hidden_dim, dn.bottleneck_dim, 2 + dn.num_local, config.img_size, micro_batch)
-    need = training_memory_bytes(config, micro_batch) + evaluation_memory_bytes(config.num_classes) + dino
-    have = training_device_memory_bytes(cfg.train.device)  # one process's share (WORLD_SIZE) on its device
-    if have is None or need <= have:
-        return []
-    return [f"model: training {cfg.model['name']} (dim {config.dim}, depth {config.depth}, {config.img_size} px, "
-            f"{config.num_classes} classes{', with DINO' if dino else ''}) at a batch of {micro_batch} needs at least "
-            f"{need / 2**30:.1f} GiB for weights, optimizer state, activations and the evaluation's confusion "
-            f"matrix, more than this device's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
-            "train.grad_accum), model.dim, model.depth, model.img_size, the classes or dino.out_dim"]
 
 
 _MODEL_FLOATS = ("mlp_ratio", "layerscale_init", "drop_rate", "drop_path_rate")
@@ -278,8 +257,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     if d.test_dir is not None:
         need(Path(d.test_dir).is_dir(), f"data.test_dir: {d.test_dir} does not exist or is not a folder")
     need(d.permute in ("none", "patch", "global"), f"data.permute: {d.permute!r} is not one of none, patch, global")
-    need(d.interpolation in INTERPOLATIONS, f"data.interpolation: {d.interpolation!r} is not one of "
-                                            f"{', '.join(INTERPOLATIONS)}")
+    need(d.interpolation in INTERPOLATIONS, f"data.interpolation: {d.interpolation!r} is not one of {INTERPOLATIONS}")
     need(len(d.synthetic_size) == 2, f"data.synthetic_size: [train, val] image counts, got {d.synthetic_size}")
     if d.std is not None and d.mean is not None:
         need(len(d.mean) == len(d.std) and len(d.mean) in (1, 3, input_shape(cfg)[0]),
@@ -302,6 +280,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
     need(t.grad_accum >= 1, f"train.grad_accum must be >= 1, got {t.grad_accum}")
     need(t.clip_grad is None or t.clip_grad > 0, "train.clip_grad must be > 0 or null")
+    need(t.clip_mode in CLIP_MODES, f"train.clip_mode: {t.clip_mode!r} is not one of {', '.join(CLIP_MODES)}")
     need(t.amp in ("auto", "bf16", "fp16", "fp32", "none"),
          f"train.amp: {t.amp!r} is not one of auto, bf16, fp16, fp32 (or none)")
     need(t.threads is None or t.threads >= 1, f"train.threads must be >= 1 or null, got {t.threads}")
@@ -311,6 +290,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
          f"train.compile: {t.compile!r} is not one of auto, true, false")
     need(o.layer_decay is None or 0 < o.layer_decay <= 1, f"optim.layer_decay must be in (0, 1], got {o.layer_decay}")
     need(DEVICE_NAME.fullmatch(t.device) is not None, f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
+    errors += value_checks.check_loggers(t)
     return errors + _check_paradigm_sections(cfg)
 
 

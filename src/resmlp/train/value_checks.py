@@ -22,6 +22,27 @@ def check_keys_are_strings(raw: dict[Any, Any]) -> None:
                           "words such as train or batch_size (quote a key that YAML reads as a number or null)")
 
 
+# the optional experiment loggers (resmlp.reporting): train.<key> -> (the package it needs, its name for users)
+LOGGER_PACKAGES = {"log_wandb": ("wandb", "Weights & Biases"), "log_mlflow": ("mlflow", "MLflow")}
+
+
+def check_loggers(train: Any) -> list[str]:
+    """An experiment logger switched on whose package is not installed: one line naming `pip install`."""
+    return [f"train.{key}: {what} logging needs the {package} package, which is not installed: pip install {package}"
+            for key, (package, what) in LOGGER_PACKAGES.items()
+            if getattr(train, key) and not _installed(package)]
+
+
+def _installed(package: str) -> bool:
+    """Imported already (a test's stub included), or importable; None in sys.modules blocks an import."""
+    import importlib.util
+    import sys
+
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
+
+
 def check_teacher(teacher: str) -> list[str]:
     """distill.teacher in the model grammar, a timm teacher one that timm knows."""
     import timm
