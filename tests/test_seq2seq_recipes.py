@@ -95,7 +95,10 @@ def test_flags_after_the_recipe_override_it_and_flags_before_it_are_refused(caps
 
 
 def test_without_recipe_the_defaults_stay():
+    from resmlp.commands.translate import _fill_flags
+
     args = _train_args()
+    _fill_flags(args, args.flag_defaults)  # as run_translate_train does: the flags left out take their defaults
     assert args.warmup_steps == 500 and args.dropout is None and args.recipe is None
 
 

@@ -10,12 +10,12 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from resmlp.commands.common import add_threads_argument
 
-# the flags a resumed run takes from the command line (when given) rather than from its config.json, and their
-# defaults
-RUN_CONTROL = {"max_steps": 100_000, "max_minutes": 20.0, "device": "auto", "threads": None, "test_decode_limit": None}
+if TYPE_CHECKING:
+    from resmlp.seq2seq.config import TranslationConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,8 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--train-size", type=int, default=50_000, help="training pairs of the built-in task")
     t.add_argument("--output", required=True, help="run directory: checkpoint, tokenizer, logs, summary.json")
     t.add_argument("--resume", action="store_true",
-                   help="continue the run in --output: its task or data, model and schedule from its config.json "
-                        "(--max-steps, --max-minutes, --device, --threads given here apply)")
+                   help="continue the run in --output with the options of its config.json; a flag given again must "
+                        "agree, except --max-steps, --max-minutes, --eval-every, --beam, --lenpen, --device, "
+                        "--threads, --data (moved) and --no-progress")
     t.add_argument("--arch", choices=("resmlp", "transformer"), default="resmlp",
                    help="encoder-decoder: ResMLP blocks or the Transformer baseline (default resmlp)")
     t.add_argument("--preset", default="small", help="base6, base12 (paper, dim 512), small, tiny")
@@ -67,9 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--update-freq", type=int, metavar="N",
                    help="accumulate the gradients of N batches per process into one update, a step (fairseq's "
                         "--update-freq; default 1, or with --recipe what makes its tokens per update)")
-    t.add_argument("--max-steps", type=int, default=RUN_CONTROL["max_steps"], metavar="N",
+    t.add_argument("--max-steps", type=int, default=100_000, metavar="N",
                    help="stop after this many optimizer steps (default 100000)")
-    t.add_argument("--max-minutes", type=float, default=RUN_CONTROL["max_minutes"], help="wall-clock training budget")
+    t.add_argument("--max-minutes", type=float, default=20.0, help="wall-clock training budget")
     t.add_argument("--test-decode-limit", type=int, metavar="N",
                    help="decode and score only the first N test sentences at the end (0: none; default all)")
     t.add_argument("--eval-every", type=int, default=500, help="validation loss + checkpoint every N steps")
@@ -84,6 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _decode_args(t)
     t.add_argument("--seed", type=int, default=0, help="seed of initialisation and data order (default 0)")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    _tell_given_flags(t)
     t.set_defaults(run=run_translate_train)
 
     e = tsub.add_parser("eval", help="score a trained model: BLEU, chrF, exact match, tokenized BLEU")
@@ -130,6 +132,32 @@ class _ApplyRecipe(argparse.Action):
         setattr(namespace, self.dest, name)
 
 
+def _tell_given_flags(parser: argparse.ArgumentParser) -> None:
+    """Every flag's default becomes None, the real ones kept in `flag_defaults`: a run then tells a flag given
+    (even at its default value) from one left out, as a resume needs (a flag left out keeps the run's value; a
+    flag given must agree with it). `_fill_flags` puts the defaults back."""
+    defaults = {action.dest: action.default for action in parser._actions
+                if action.default is not None and action.default != argparse.SUPPRESS}
+    parser.set_defaults(flag_defaults=defaults, **dict.fromkeys(defaults))
+
+
+def _fill_flags(args: argparse.Namespace, values: dict[str, Any]) -> None:
+    """The flags left out take `values`."""
+    for dest, value in values.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
+
+
+def _run_flags(cfg: TranslationConfig, source_given: bool) -> dict[str, Any]:
+    """The flag values that make run config `cfg`; its task or data only when the command line names neither
+    (--task and --data name the corpus together)."""
+    values = {k: v for k, v in dataclasses.asdict(cfg).items()
+              if k not in ("output", "progress", "model_overrides", "task_train_size")}
+    if source_given:
+        del values["task"], values["data"]
+    return {**values, "train_size": cfg.task_train_size, **cfg.model_overrides}
+
+
 def _decode_args(p: argparse.ArgumentParser) -> None:
     """Decoding, device and thread flags, shared by train (its test split), eval and decode."""
     p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy, at most 64); the paper uses 4")
@@ -148,19 +176,16 @@ def run_translate_train(args: argparse.Namespace) -> int:
     from resmlp.seq2seq.config import MODEL_OVERRIDES
     from resmlp.seq2seq.train import TranslationConfig, train_translation
 
-    if args.task is None and args.data is None:
-        if not args.resume:
-            raise ValueError("resmlp translate train needs --task NAME or --data DIR (or --resume to continue the "
-                             "run in --output)")
-        _, cfg = _run_config(args.output)
-        given = {key: getattr(args, key) for key, default in RUN_CONTROL.items() if getattr(args, key) != default}
-        cfg = dataclasses.replace(cfg, output=args.output, progress=args.progress, **given)
-        _preparing(args)
-        summary = train_translation(cfg, resume=True)
-        if summary:
-            print(json.dumps(summary, indent=2))
-        return 0
-
+    source_given = args.task is not None or args.data is not None
+    if args.resume and (Path(args.output) / "config.json").is_file():
+        # resume means the run's options: the flags left out take them, the flags given are checked against them
+        # (seq2seq.config.check_resumable), whether or not --task/--data is given again
+        _fill_flags(args, _run_flags(_run_config(args.output)[1], source_given))
+    elif not source_given:
+        raise ValueError("resmlp translate train needs --task NAME or --data DIR (or --resume to continue the "
+                         f"run in --output, which needs its config.json: {Path(args.output) / 'config.json'} is "
+                         "not there)")
+    _fill_flags(args, args.flag_defaults)
     overrides = {k: getattr(args, k) for k in MODEL_OVERRIDES if getattr(args, k) is not None}
     lr = args.lr if args.lr is not None else (0.2 if args.optimizer == "adagrad" else 5e-4)
     cfg = TranslationConfig(
@@ -174,7 +199,7 @@ def run_translate_train(args: argparse.Namespace) -> int:
         seed=args.seed, device=args.device, threads=args.threads, progress=args.progress,
         test_decode_limit=args.test_decode_limit,
     )
-    if args.recipe is not None:
+    if args.recipe is not None and not args.resume:  # a resume keeps the run's batch, printed when it started
         _print_batch(cfg, args.recipe)
     _preparing(args)
     summary = train_translation(cfg, resume=args.resume)
@@ -230,9 +255,11 @@ def run_translate_eval(args: argparse.Namespace) -> int:
     from resmlp.runtime import process_settings, resolve_device
     from resmlp.seq2seq.config import check_decoding
     from resmlp.seq2seq.data import read_parallel
+    from resmlp.seq2seq.scoring import moses_tokenizer
     from resmlp.seq2seq.train import evaluate_translation, load_trained, scores, translate
 
     check_decoding(args.beam, args.lenpen)
+    moses_tokenizer()  # a broken sacremoses install stops it now, not after translating
     if bool(args.src) != bool(args.ref):
         raise ValueError("--src and --ref go together")
     with process_settings(args.threads):

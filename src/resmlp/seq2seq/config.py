@@ -48,7 +48,9 @@ MODEL_OVERRIDES = ("dim", "hidden", "encoder_layers", "decoder_layers", "heads",
 RESUMABLE_CHANGES = ("max_steps", "max_minutes", "eval_every", "log_every", "device", "threads", "progress", "beam",
                      "lenpen", "output", "data", "test_decode_limit")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d{1,4})$")
-_FLAGS = {"task_train_size": "--train-size", "model_overrides": "--dim/--hidden/..."}
+# options whose flag is not --NAME (log_every is the library's only)
+_FLAGS = {"task_train_size": "--train-size", "model_overrides": "--dim/--hidden/...", "progress": "--no-progress",
+          "log_every": "log_every"}
 
 
 def flag(name: str) -> str:
@@ -199,9 +201,18 @@ def check_decoding(beam: int, lenpen: float) -> None:
 def check_resumable(source: str, saved: TranslationConfig, now: TranslationConfig) -> None:
     """Refuse a resume whose options differ from the run's (config.json, `source`) beyond RESUMABLE_CHANGES,
     naming every differing flag with its old and new value."""
-    old, new = dataclasses.asdict(saved), dataclasses.asdict(now)
+    old, new = _resume_options(saved), _resume_options(now)
     changed = [name for name in old if old[name] != new[name] and name not in RESUMABLE_CHANGES]
     if changed:
         differences = "; ".join(f"{flag(name)} was {old[name]!r}, now {new[name]!r}" for name in changed)
         raise ConfigError(f"{source}: the run was trained with other options ({differences}); resume with the "
                           f"same options, only {', '.join(map(flag, RESUMABLE_CHANGES))} may change")
+
+
+def _resume_options(cfg: TranslationConfig) -> dict[str, Any]:
+    """The options a resume compares, each model option as the model has it (the preset's value or the flag's),
+    so a message names `--dim` rather than a dict of overrides, and `--dim 256` over a preset of dim 256 agrees."""
+    values = dataclasses.asdict(cfg)
+    model = dataclasses.asdict(cfg.model_config(cfg.vocab_size))
+    del values["model_overrides"]
+    return {**values, **{name: model[name] for name in MODEL_OVERRIDES}}

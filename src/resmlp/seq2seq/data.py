@@ -2,8 +2,12 @@
 
 Bad input, and what happens to it:
 - source and target files with different line counts: ValueError naming both files and counts;
-- an empty line (either side) in training/evaluation files: ValueError with the line numbers;
-  an empty line given to ``decode`` is translated to an empty line without running the model;
+- an empty line (either side) in training/evaluation files: ValueError with the line numbers; a line of only
+  spaces and invisible characters (zero-width space U+200B, byte order mark U+FEFF, other format or control
+  characters, Hangul fillers: `is_blank`) is empty too; an empty line given to ``decode`` is translated to an
+  empty line without running the model;
+- a byte order mark (U+FEFF) at the start of any file or of stdin (sources, targets, `eval --ref` references):
+  dropped, as Python's utf-8-sig codec does; else it would stay in the first sentence (and its score);
 - a training or validation pair longer than the model's max_len (in subword tokens, the source with its EOS, the
   target with BOS or EOS): dropped, with a warning saying how many, as fairseq drops them (its training batches
   skip pairs over the model's positions; its WMT preparation keeps pairs of 1 to 250 tokens); a source given to
@@ -14,6 +18,9 @@ Bad input, and what happens to it:
 - a form feed, vertical tab, U+0085, U+2028 or other separator inside a line: part of that line. Lines end at
   "\n" only (a "\r" before it is dropped), so a character one file happens to hold can't shift every later
   pair (str.splitlines would split there);
+- a "\r" not followed by "\n" (old Mac line ends, or a stray one): DataError naming the file and line, with the
+  `tr` command that converts it; read as a "\n" it could shift pairs, read as text it would make a corpus of
+  carriage-return lines one sentence;
 - a tokenizer.model that is truncated, random or of another format, or over TOKENIZER_MAX_BYTES: DataError.
 """
 
@@ -21,6 +28,8 @@ from __future__ import annotations
 
 import io
 import random
+import shlex
+import unicodedata
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -36,13 +45,30 @@ SPLITS = ("train", "valid", "test")
 TOKENIZER_MAX_BYTES = 256 << 20
 
 
-def split_lines(text: str) -> list[str]:
+# the letters that show nothing (Unicode's default-ignorable Hangul fillers); format (Cf: U+200B, U+FEFF, U+2060,
+# soft hyphen...) and control (Cc) characters are found by category
+_INVISIBLE_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
+
+
+def is_blank(line: str) -> bool:
+    """True for a line with nothing to translate: only spaces and characters that show nothing."""
+    return all(c.isspace() or c in _INVISIBLE_LETTERS or unicodedata.category(c) in ("Cf", "Cc") for c in line)
+
+
+def split_lines(text: str, name: str = "stdin") -> list[str]:
     """Lines ended by "\n" only (with a "\r" before it dropped), the way parallel corpora are aligned; the
-    last line needs no "\n"."""
-    lines = text.split("\n")
+    last line needs no "\n". A leading byte order mark is dropped; a "\r" elsewhere is refused (`name` is
+    the file in the message)."""
+    lines = text.removeprefix("\ufeff").split("\n")
     if lines[-1] == "":
         lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    lone = next((i for i, line in enumerate(lines) if "\r" in line), None)
+    if lone is not None:
+        convert = "tr '\\r' '\\n'" + ("" if name == "stdin" else f" < {shlex.quote(name)} > {shlex.quote(name)}.lf")
+        raise DataError(f"{name} line {lone + 1} holds a carriage return (\\r) that does not end a line; lines end "
+                        f"with \\n (if it has old Mac line ends, convert it: {convert})")
+    return lines
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -52,9 +78,10 @@ def read_lines(path: str | Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (expected one sentence per line)")
     try:
-        return split_lines(path.read_bytes().decode("utf-8"))  # not read_text: it turns a lone "\r" into "\n"
+        text = path.read_bytes().decode("utf-8")  # not read_text: it turns a lone "\r" into "\n"
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e}); convert it, e.g. with iconv -t utf-8") from None
+    return split_lines(text, str(path))
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
@@ -69,7 +96,7 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str]
             f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; parallel files must be aligned "
             "line by line (one sentence pair per line)"
         )
-    empty = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if not s.strip() or not t.strip()]
+    empty = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if is_blank(s) or is_blank(t)]
     if empty:
         shown = ", ".join(map(str, empty[:10])) + (" ..." if len(empty) > 10 else "")
         raise ValueError(

@@ -5,7 +5,9 @@ scores Moses-tokenised hypotheses and references with every hyphen between two n
 " ##AT##-##AT## " (perl `s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g`), BLEU over whitespace tokens. Here the Moses
 tokenizer is `sacremoses` (installed by the README's set-up, requirements.lock; pyproject's `translate` extra). A
 setup without it gets no tokenized BLEU (null, and `tokenized_bleu_tokens` says how to install it) rather than a
-number under the paper's name that another tokenizer produced.
+number under the paper's name that another tokenizer produced. An install that is there but fails to load is
+refused (errors.InstallError, one line saying how to reinstall), not taken for a missing one: the scores would
+lose their tokenized BLEU without a word.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 import sacrebleu
 
+from resmlp.errors import InstallError
+
 _COMPOUND = re.compile(r"(\S)-(\S)")
 MISSING_MOSES = ("not computed: sacremoses (the Moses tokenizer) is not installed; install it with "
                  "pip install 'sacremoses>=0.2' (the README's set-up does)")
@@ -23,13 +27,24 @@ MISSING_MOSES = ("not computed: sacremoses (the Moses tokenizer) is not installe
 
 def moses_tokenizer(lang: str = "en") -> Callable[[str], str] | None:
     """The Moses tokenizer of `lang` (sacremoses' port of tokenizer.perl -l LANG; hyphens are left whole for
-    `compound_split`), or None where sacremoses is not installed."""
+    `compound_split`), or None where sacremoses is not installed. InstallError where it is installed but broken."""
     try:
         from sacremoses import MosesTokenizer
-    except ImportError:
+
+        moses = MosesTokenizer(lang=lang)
+    except ModuleNotFoundError as e:
+        if e.name != "sacremoses":  # one of its own dependencies is missing: broken, not absent
+            raise _broken_sacremoses(e) from None
         return None
-    moses = MosesTokenizer(lang=lang)
+    except Exception as e:  # a damaged install raises whatever its code raises: SyntaxError, AttributeError...
+        raise _broken_sacremoses(e) from None
     return lambda text: moses.tokenize(text, return_str=True, escape=False)
+
+
+def _broken_sacremoses(e: Exception) -> InstallError:
+    reason = (str(e).splitlines() or [""])[0][:200]
+    return InstallError(f"sacremoses (the Moses tokenizer of the paper's tokenized BLEU) is installed but fails to "
+                        f"load ({type(e).__name__}: {reason}); reinstall it: pip install --force-reinstall sacremoses")
 
 
 def compound_split(text: str) -> str:

@@ -49,6 +49,7 @@ from resmlp.seq2seq.data import (
     Tokenizer,
     collate,
     encode_pairs,
+    is_blank,
     read_parallel,
     source_batch,
     split_paths,
@@ -69,7 +70,7 @@ from resmlp.seq2seq.runfolder import (
     restore_training_state,
     write_run_config,
 )
-from resmlp.seq2seq.scoring import scores
+from resmlp.seq2seq.scoring import moses_tokenizer, scores
 from resmlp.seq2seq.tasks import make_number_task
 
 
@@ -208,7 +209,7 @@ def translate(
     device = next(model.parameters()).device
     amp = resolve_precision(precision, device)
     out = [""] * len(lines)
-    todo = [i for i, line in enumerate(lines) if line.strip()]
+    todo = [i for i, line in enumerate(lines) if not is_blank(line)]
     eos = model.config.source_eos
     ids = tok.encode([lines[i] for i in todo], model.config.max_len - eos, what="source lines")
     order = sorted(range(len(todo)), key=lambda j: len(ids[j]))  # similar lengths: less padding
@@ -278,6 +279,7 @@ def train_translation(cfg: TranslationConfig, resume: bool = False) -> dict[str,
     out = Path(cfg.output)
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(f"{out} already holds a checkpoint; pass --resume to continue it or pick another --output")
+    moses_tokenizer()  # a broken sacremoses install stops the run now, not when it scores after training
     # before anything is read, built or written, at the most pieces the tokenizer can have (it may end with fewer)
     check_training_memory(cfg.model_config(cfg.vocab_size), cfg.max_tokens)
     with process_settings(cfg.threads):
