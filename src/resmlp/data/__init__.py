@@ -17,7 +17,7 @@ from resmlp.data.fashion_mnist import fashion_mnist, read_idx
 from resmlp.data.folder import SkippingImageFolder
 from resmlp.data.permute import PixelPermutation, pixel_permutation
 from resmlp.data.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
-from resmlp.data.sources import KINDS, SourceSpec, open_source, spec_from_config
+from resmlp.data.sources import KINDS, SourceSpec, open_source, parse_source, spec_from_config
 from resmlp.data.splits import heldout_split as _heldout
 from resmlp.data.synthetic import synthetic
 
@@ -30,7 +30,7 @@ DEFAULT_STATS = {
 
 __all__ = ["KINDS", "ArrayDataset", "PixelPermutation", "ResumableSampler", "SeededDataset", "ShardSampler",
            "SkippingImageFolder", "build_dataset", "collate_skipping", "dataset_stats", "fashion_mnist",
-           "heldout_split", "open_source", "pixel_permutation", "read_idx", "source_for", "synthetic"]
+           "heldout_split", "open_source", "pixel_permutation", "read_idx", "resolve_data", "source_for", "synthetic"]
 
 
 def dataset_stats(kind: str, in_chans: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -48,6 +48,14 @@ def source_for(kind: str | SourceSpec, data_dir: str | Path | None = None, **opt
     spec = spec_from_config(kind, "fashion-mnist", None) if data_dir is None else spec_from_config(
         None, kind, str(data_dir))
     return open_source(spec, **options)
+
+
+def resolve_data(data: str, data_dir: str | Path | None = None) -> SourceSpec:
+    """The source a command's --data (and --data-dir) name: a kind (its folder in data_dir), a source in the
+    grammar (folder:DIR, wds:PATTERN, hf:DIR...), or an existing folder."""
+    if data in KINDS:
+        return spec_from_config(None, data, None if data_dir is None else str(data_dir))
+    return parse_source(data)
 
 
 def heldout_split(kind: str | SourceSpec, data_dir: str | Path | None = None) -> str:
