@@ -81,6 +81,8 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--workers": ("data.num_workers", dict(type=int, metavar="N", help="data loader worker processes")),
     "--threads": ("train.threads", dict(type=thread_count, metavar="N",
                                         help="compute threads per process (default: the usable cores / processes)")),
+    "--data": ("data.source", dict(metavar="SOURCE", help="data source: folder:DIR, wds:PATTERN, hf:DIR, "
+                                                          "fashion-mnist, cifar10:DIR, cifar100:DIR, synthetic")),
     "--data-dir": ("data.dir", dict(metavar="DIR", help="dataset folder")),
     "--no-progress": ("train.progress", dict(action="store_false", default=None,
                                              help="no progress bars (per-epoch lines only)")),
