@@ -17,6 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("source", metavar="SRC", help="the data source: folder:DIR, hf:DIR, fashion-mnist, cifar10:DIR...")
     s.add_argument("out", metavar="OUT", help="folder for the shards and index.json")
     s.add_argument("--shard-size", default="1GB", help="bytes per shard, e.g. 1GB, 256MB (default 1GB)")
+    s.add_argument("--shard-records", type=int, metavar="N",
+                   help="at most N records a shard: equal counts keep every worker busy to the epoch's end")
     s.add_argument("--seed", type=int, default=0, help="seed of the record order (default 0)")
     s.add_argument("--class-map", help="a folder source's class map (one class per line)")
     s.set_defaults(run=run_shards)
@@ -27,7 +29,8 @@ def run_shards(args: argparse.Namespace) -> int:
     from resmlp.data.sources import open_source
 
     size = parse_size(args.shard_size)
-    index = write_shards(open_source(args.source, class_map=args.class_map), args.out, size, args.seed)
+    source = open_source(args.source, class_map=args.class_map)
+    index = write_shards(source, args.out, size, args.seed, args.shard_records)
     shards = sum(len(v) for v in index["splits"].values())
     records = sum(s["samples"] for v in index["splits"].values() for s in v)
     print(f"wrote {records} records in {shards} shard(s) to {args.out} ({index['skipped_unreadable']} unreadable "

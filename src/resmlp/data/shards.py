@@ -68,9 +68,10 @@ def _mode(payload: Payload) -> str:
     return "RGB"
 
 
-def write_shards(source: Source, out: str | Path, shard_size: int, seed: int = 0,
+def write_shards(source: Source, out: str | Path, shard_size: int, seed: int = 0, shard_records: int | None = None,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Write every split of `source` as shards in `out` (see the module doc); returns the index."""
+    """Write every split of `source` as shards in `out` (see the module doc); returns the index. shard_records:
+    at most this many records a shard (equal counts balance the workers exactly, resmlp.data.streams)."""
     wds = optional_module("webdataset")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +85,8 @@ def write_shards(source: Source, out: str | Path, shard_size: int, seed: int = 0
         shards, position = state["splits"].setdefault(split, []), state["next"].get(split, 0)
         while position < len(order):
             name = f"{split}-{len(shards):06d}.tar"
-            count, position, size, skipped = _write_shard(wds, out / name, records, order, position, shard_size)
+            count, position, size, skipped = _write_shard(wds, out / name, records, order, position, shard_size,
+                                                         shard_records or len(order))
             if count:
                 shards.append({"name": name, "samples": count, "bytes": size})
             else:
@@ -117,13 +119,13 @@ def _resume_state(out: Path, source: Source, seed: int) -> dict[str, Any]:
 
 
 def _write_shard(wds: Any, path: Path, records: MapRecords, order: np.ndarray, position: int,
-                 shard_size: int) -> tuple[int, int, int, int]:
+                 shard_size: int, max_records: int) -> tuple[int, int, int, int]:
     """Records from `position` into one shard at `path` (written beside it, then renamed): (records written,
     next position, bytes, records skipped as unreadable)."""
     tmp = path.with_name(path.name + ".tmp")
     count = skipped = written = 0
     with open(tmp, "wb") as stream, wds.TarWriter(stream, encoder=False, mtime=0) as writer:
-        while position < len(order) and written < shard_size:
+        while position < len(order) and written < shard_size and count < max_records:
             index = int(order[position])
             position += 1
             try:

@@ -82,7 +82,11 @@ class ShardedRecords(StreamRecords):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if workers != max(plan.num_workers, 1):
             raise RuntimeError(f"the stream was planned for {plan.num_workers} workers but runs in {workers}")
-        slots, slot = self._slots(plan), plan.rank * workers + worker
+        consumed = plan.skip // plan.batch_size if plan.train else 0  # this rank's batches already trained on
+        # the DataLoader takes batches from workers 0, 1, 2... in turn from its start: after `consumed` batches,
+        # worker 0 plays the part of the worker whose batch came next
+        role = (worker + consumed) % workers
+        slots, slot = self._slots(plan), plan.rank * workers + role
         if not plan.train:
             for position, record in enumerate(self._records(range(slot, self.num_shards, slots))):
                 yield (plan.seed, plan.epoch, position, record[0]), record[1], record[2]
@@ -95,13 +99,12 @@ class ShardedRecords(StreamRecords):
         shuffle = optional_module("webdataset").filters.shuffle
         records = shuffle(self.shuffle_buffer, min(100, self.shuffle_buffer), rng=rng)(records)
         batch, quota = plan.batch_size, self.batches_per_worker(plan) * plan.batch_size
-        consumed = plan.skip // batch  # this rank's batches already trained on, dealt round-robin to workers
-        skip = max(0, math.ceil((consumed - worker) / workers)) * batch
+        skip = max(0, math.ceil((consumed - role) / workers)) * batch  # this role's share of them
         for j in range(quota):
             name, payload, label = next(records, None) or (f"{self.what} (slot {slot})", Unreadable(
                 "its shards ended before the epoch's share (a damaged shard?)"), -1)
             if j >= skip:
-                position = ((j // batch) * workers + worker) * batch + j % batch  # in this rank's order
+                position = ((j // batch) * workers + role) * batch + j % batch  # in this rank's order
                 yield (plan.seed, plan.epoch, position * plan.world_size + plan.rank, name), payload, label
 
     def _records(self, shards: Sequence[int]) -> Iterator[tuple[str, Payload, int]]:
