@@ -119,8 +119,8 @@ train(cfg, sys.argv[1], task=KillAtStepSix(cfg))
 
 
 def test_kill_mid_epoch_then_resume_gives_the_uninterrupted_weights(shards, tmp_path):
-    """Epoch 2 is killed at its second step after the checkpoint of step 5; the resumed run skips exactly the
-    records it trained on."""
+    """Killed at step 6 of 8 of the first epoch, after the checkpoint of step 5: the resumed run skips exactly
+    the 40 records it trained on."""
     overrides = {**TINY, "data.source": f"wds:{shards}", "data.kind": "folder", "train.deterministic": True,
                  "train.checkpoint_every_steps": 1, "data.val_size": 0}
     killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "killed"), json.dumps(overrides)],

@@ -224,7 +224,7 @@ def open_source(spec: SourceSpec | str, **options: Any) -> Source:
     if spec.kind == "hf":
         from resmlp.data.hf import hf_source
 
-        return hf_source(spec, streaming=bool(options.get("streaming")))
+        return hf_source(spec, streaming=bool(options.get("streaming")), class_map=options.get("class_map"))
     return _array_source(spec, options)
 
 
