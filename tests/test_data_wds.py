@@ -5,10 +5,7 @@ damaged shards refused or skipped."""
 from __future__ import annotations
 
 import io
-import json
 import shutil
-import signal
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -16,23 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 from torch.utils.data import DataLoader, IterableDataset
 
-from resmlp.cli import main
 from resmlp.data import build_dataset, collate_skipping
 from resmlp.data.decoded import decoded, to_image
 from resmlp.data.shards import parse_size, write_shards
 from resmlp.data.sources import StreamPlan, open_source
 from resmlp.errors import ConfigError, DataError
-
-TINY = {
-    "data.num_workers": 0, "data.crop_pct": 1.0, "data.hflip": 0.5, "data.scale": [0.6, 1.0],
-    "data.ratio": [1.0, 1.0], "model.img_size": 16, "model.patch_size": 8, "model.dim": 16, "model.depth": 1,
-    "model.in_chans": 3, "schedule.epochs": 2, "schedule.warmup_epochs": 0, "train.batch_size": 8,
-    "train.progress": False, "train.threads": 1, "train.compile": False, "train.amp": "none",
-    "data.mean": [0.5, 0.5, 0.5], "data.std": [0.25, 0.25, 0.25], "train.device": "cpu",
-}
 
 
 @pytest.fixture(scope="module")
@@ -83,55 +70,6 @@ def test_evaluation_reads_every_record_once_in_order(shards):
     assert len(val) == 16
     images, labels, skipped = collate_skipping(list(val))
     assert skipped == 0 and len(labels) == 16
-
-
-def _sets(overrides: dict) -> list[str]:
-    return [arg for key, value in overrides.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
-
-
-def test_deit_recipe_trains_from_shards_on_two_gloo_processes(shards, tmp_path):
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    ddp = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "resmlp", "train", "--recipe", "deit",
-                          "--data", f"wds:{shards}", "--output", str(tmp_path / "ddp"), *_sets(TINY)],
-                         capture_output=True, text=True, timeout=300)
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
-    summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["epochs"] == 2
-
-
-KILLED_CHILD = """
-import json, os, signal, sys
-from resmlp.train import train
-from resmlp.train.config import load_config
-from resmlp.train.tasks import SupervisedTask
-class KillAtStepSix(SupervisedTask):
-    def build_loss(self, trainer, num_classes):
-        inner, calls = super().build_loss(trainer, num_classes), {"n": 0}
-        def loss_fn(model, images, targets):
-            calls["n"] += 1
-            if calls["n"] == 6:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return inner(model, images, targets)
-        return loss_fn
-cfg = load_config("fashion-mnist-quick", json.loads(sys.argv[2]))
-train(cfg, sys.argv[1], task=KillAtStepSix(cfg))
-"""
-
-
-def test_kill_mid_epoch_then_resume_gives_the_uninterrupted_weights(shards, tmp_path):
-    """Killed at step 6 of 8 of the first epoch, after the checkpoint of step 5: the resumed run skips exactly
-    the 40 records it trained on."""
-    overrides = {**TINY, "data.source": f"wds:{shards}", "data.kind": "folder", "train.deterministic": True,
-                 "train.checkpoint_every_steps": 1, "data.val_size": 0}
-    killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "killed"), json.dumps(overrides)],
-                            capture_output=True, text=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert main(["train", "--recipe", "fashion-mnist-quick", "--output", str(tmp_path / "killed"), "--resume",
-                 *_sets(overrides)]) == 0
-    assert main(["train", "--recipe", "fashion-mnist-quick", "--output", str(tmp_path / "straight"),
-                 *_sets(overrides)]) == 0
-    a, b = load_file(tmp_path / "killed" / "last.safetensors"), load_file(tmp_path / "straight" / "last.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_shards_resume_after_a_kill_and_refuse_another_source(tmp_path):
