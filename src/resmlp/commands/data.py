@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--shard-size", default="1GB", help="bytes per shard, e.g. 1GB, 256MB (default 1GB)")
     s.add_argument("--shard-records", type=int, metavar="N",
                    help="at most N records a shard: equal counts keep every worker busy to the epoch's end")
+    s.add_argument("--val-size", type=int, default=0, metavar="N",
+                   help="a source without a val split (Fashion-MNIST, CIFAR, a folder without val/): carve N records "
+                        "from train into val shards, as a training run carves them (default 0: the splits as they are)")
     s.add_argument("--seed", type=int, default=0, help="seed of the record order (default 0)")
     s.add_argument("--class-map", help="a folder source's class map (one class per line)")
     s.set_defaults(run=run_shards)
@@ -30,7 +33,7 @@ def run_shards(args: argparse.Namespace) -> int:
 
     size = parse_size(args.shard_size)
     source = open_source(args.source, class_map=args.class_map)
-    index = write_shards(source, args.out, size, args.seed, args.shard_records)
+    index = write_shards(source, args.out, size, args.seed, args.shard_records, args.val_size)
     shards = sum(len(v) for v in index["splits"].values())
     records = sum(s["samples"] for v in index["splits"].values() for s in v)
     print(f"wrote {records} records in {shards} shard(s) to {args.out} ({index['skipped_unreadable']} unreadable "

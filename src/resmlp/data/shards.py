@@ -1,10 +1,11 @@
 """Writing WebDataset shards from any source: `resmlp data shards SRC OUT --shard-size 1GB`.
 
-Each split's records go, in an order shuffled by `seed`, into OUT/<split>-NNNNNN.tar shards of about
-`shard_size` bytes (webdataset's TarWriter; members KEY.<jpg|png|webp> as stored, KEY.cls the class index),
-and OUT/index.json lists every shard with its record count and size plus the class names (resmlp.data.wds
-reads it). Images stored as JPEG, PNG or WebP are copied byte for byte; other formats and in-memory arrays
-are written as PNG (lossless). Unreadable records are skipped, counted and reported.
+Each split's records (a val split carved from train on request, by resmlp.data.splits) go, in an order
+shuffled by `seed`, into OUT/<split>-NNNNNN.tar shards of about `shard_size` bytes (webdataset's TarWriter;
+members KEY.<jpg|png|webp> as stored, KEY.cls the class index), and OUT/index.json lists every shard with
+its record count and size plus the class names (resmlp.data.wds reads it). Images stored as JPEG, PNG or
+WebP are copied byte for byte; other formats and in-memory arrays are written as PNG (lossless).
+Unreadable records are skipped, counted and reported.
 
 Resumable: each finished shard is renamed into place and recorded in OUT/index.partial.json (with the
 position reached), so a killed run started again continues after its last whole shard; the order is the
@@ -24,6 +25,7 @@ import numpy as np
 
 from resmlp.data.decoded import to_image
 from resmlp.data.sources import MapRecords, Payload, Source, optional_module
+from resmlp.data.splits import decide_splits
 from resmlp.data.wds import INDEX, INDEX_FORMAT
 from resmlp.errors import ConfigError, DataError
 from resmlp.fileio import read_json_object, write_json
@@ -69,15 +71,16 @@ def _mode(payload: Payload) -> str:
 
 
 def write_shards(source: Source, out: str | Path, shard_size: int, seed: int = 0, shard_records: int | None = None,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
+                 val_size: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Write every split of `source` as shards in `out` (see the module doc); returns the index. shard_records:
-    at most this many records a shard (equal counts balance the workers exactly, resmlp.data.streams)."""
+    at most this many records a shard (equal counts balance the workers exactly, resmlp.data.streams).
+    val_size: a source without a val split gets one of that many records carved from train, as a training run
+    carves it (resmlp.data.splits; seeded by `seed`); 0: the source's splits as they are."""
     wds = optional_module("webdataset")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = _resume_state(out, source, seed)
-    for split in source.splits:
-        records = source.records(split)
+    state = _resume_state(out, source, seed, val_size)
+    for split, records in _splits(source, val_size, seed).items():
         if not isinstance(records, MapRecords):
             raise ConfigError(f"{source.spec} streams its {split} split; shard a folder, an hf: dataset read "
                               "whole, or Fashion-MNIST/CIFAR/synthetic")
@@ -102,19 +105,27 @@ def write_shards(source: Source, out: str | Path, shard_size: int, seed: int = 0
     return index
 
 
-def _resume_state(out: Path, source: Source, seed: int) -> dict[str, Any]:
+def _splits(source: Source, val_size: int, seed: int) -> dict[str, Any]:
+    """{split: records} to write: the source's own, or with a val split carved from train."""
+    if not val_size or "val" in source.splits:
+        return {split: source.records(split) for split in source.splits}
+    decided = decide_splits(source, val_size, seed)
+    return {"train": decided.train, "val": decided.val, **({"test": decided.test} if decided.test is not None else {})}
+
+
+def _resume_state(out: Path, source: Source, seed: int, val_size: int) -> dict[str, Any]:
     """The progress of an earlier, killed run of the same command, or a fresh start."""
     classes = source.records(source.splits[0]).class_names
-    fresh = {"format": INDEX_FORMAT, "source": str(source.spec), "seed": seed, "classes": classes, "splits": {},
-             "next": {}}
+    fresh = {"format": INDEX_FORMAT, "source": str(source.spec), "seed": seed, "val_size": val_size,
+             "classes": classes, "splits": {}, "next": {}}
     if (out / INDEX).is_file():
         raise ConfigError(f"{out} already holds finished shards ({INDEX}); write into an empty folder")
     if not (out / PARTIAL).is_file():
         return fresh
     state = read_json_object(out / PARTIAL, "shard progress")
-    if state.get("source") != str(source.spec) or state.get("seed") != seed or state.get("classes") != classes:
-        raise ConfigError(f"{out} holds shards of another source or seed ({state.get('source')}, seed "
-                          f"{state.get('seed')}); write into an empty folder")
+    if [state.get(k) for k in ("source", "seed", "val_size", "classes")] != [str(source.spec), seed, val_size, classes]:
+        raise ConfigError(f"{out} holds shards of another source, seed or val size ({state.get('source')}, seed "
+                          f"{state.get('seed')}, val size {state.get('val_size')}); write into an empty folder")
     return state
 
 
