@@ -55,6 +55,9 @@ def eval_loader(dataset: Dataset, batch_size: int, num_workers: int, world_size:
                 pin_memory: bool = False) -> DataLoader:
     """This rank's share of `dataset`, every record once across ranks, in (images, targets, skipped) batches."""
     if isinstance(dataset, DecodedStream):
+        # a worker reads whole shards: no more workers than this rank has shards
+        shards = getattr(dataset.records, "num_shards", None)
+        num_workers = num_workers if shards is None else min(num_workers, -(-shards // world_size))
         dataset.plan = StreamPlan(world_size=world_size, rank=rank, num_workers=num_workers, batch_size=batch_size,
                                   train=False)
         return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_skipping,

@@ -86,11 +86,12 @@ class ShardedRecords(StreamRecords):
         # the DataLoader takes batches from workers 0, 1, 2... in turn from its start: after `consumed` batches,
         # worker 0 plays the part of the worker whose batch came next
         role = (worker + consumed) % workers
-        slots, slot = self._slots(plan), plan.rank * workers + role
-        if not plan.train:
+        if not plan.train:  # every record once: a slot past the shards reads none
+            slots, slot = plan.world_size * workers, plan.rank * workers + worker
             for position, record in enumerate(self._records(range(slot, self.num_shards, slots))):
                 yield (plan.seed, plan.epoch, position, record[0]), record[1], record[2]
             return
+        slots, slot = self._slots(plan), plan.rank * workers + role
         order = np.random.default_rng([plan.seed, plan.epoch]).permutation(self.num_shards)
         records = self._records(order[slot::slots])
         if plan.repeats > 1:  # as RASampler: each record `repeats` times (augmented apart), 1/repeats of them
