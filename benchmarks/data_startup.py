@@ -93,6 +93,7 @@ def make_folder(root: Path, classes: int, images: int) -> None:
     import numpy as np
     from PIL import Image
 
+    root.mkdir(parents=True, exist_ok=True)
     sample = root / "sample.jpg"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(sample)
     data = sample.read_bytes()

@@ -170,6 +170,8 @@ def run_data_flags(output: str | Path, training: bool = False) -> str:
     data = read_json_object(Path(output) / "config.json", "run config").get("data")
     data = data if isinstance(data, dict) else {}
     kind, folder = str(data.get("kind", "fashion-mnist")), data.get("dir")
+    if isinstance(data.get("source"), str):  # the source grammar names it whole, for training and evaluation
+        return shlex.join(["--data", data["source"]])
     if training:
         flags = [] if kind == "fashion-mnist" else ["--set", f"data.kind={kind}"]
         return shlex.join(flags + (["--data-dir", str(folder)] if folder else []))
