@@ -42,8 +42,7 @@ start = time.perf_counter()
 if tool == "ours":
     from resmlp.data.decoded import decoded
     from resmlp.data.sources import open_source
-    records = open_source("folder:" + root).records("train")
-    make = lambda tf: decoded(records, 3, tf)
+    make = lambda tf: decoded(open_source("folder:" + root).records("train"), 3, tf)
     names = lambda ds: (ds.records.names[i] for i in range(len(ds)))
 elif tool == "timm":
     from timm.data import create_dataset
