@@ -8,7 +8,8 @@ each tool in a fresh process, in turn and repeated (the median is reported):
   workers' start, the first 64 images read and transformed with the same eval transform; imports apart);
 - memory: the process's peak RSS, and the private memory each DataLoader worker gains by touching every
   file name of the dataset once (the copy-on-access of Python objects after fork), from /proc smaps_rollup.
-The 1.28 M column scales listing time, stat calls and worker memory linearly with the file count.
+The 1.28 M column scales listing time and worker memory linearly with the file count (the stat calls of all
+three tools are per class or fixed, not per file).
 
     python benchmarks/data_startup.py --classes 1000 --images 130 --out benchmarks/results/data_startup.json
 """
@@ -128,8 +129,7 @@ def table(results: dict, files: int) -> str:
     for tool, r in results.items():
         worker = r["worker_private_mb"]
         rows.append(f"| {tool} | {r['listing_s']:.2f} | {r['stat_calls']:,} | {r['first_batch_s']:.2f} | "
-                    f"{r['peak_rss_mb']:.0f} | {worker:.1f} | {r['listing_s'] * scale:.1f}, "
-                    f"{round(r['stat_calls'] * scale):,}, {worker * scale:.0f} |")
+                    f"{r['peak_rss_mb']:.0f} | {worker:.1f} | {r['listing_s'] * scale:.1f}, {worker * scale:.0f} |")
     return "\n".join(rows)
 
 
