@@ -123,3 +123,14 @@ def test_eval_knn_and_finetune_read_every_source(sources, tmp_path, name, capsys
     finetune = {k: v for k, v in overrides.items() if not k.startswith("model.")}
     assert main(["finetune", str(tmp_path / "run" / "best.safetensors"), "--recipe", "deit", "--output",
                  str(tmp_path / "ft"), *_sets(finetune)]) == 0
+
+
+@pytest.mark.parametrize("name", ["shards", "hf streamed"])
+def test_dino_pretrains_from_a_stream_with_its_knn_monitor(sources, tmp_path, name, capsys):
+    dino = {"dino.out_dim": 16, "dino.hidden_dim": 16, "dino.bottleneck_dim": 8, "dino.num_local": 1,
+            "dino.local_size": 8, "dino.warmup_teacher_temp_epochs": 0, "dino.knn_k": 3, "schedule.epochs": 1,
+            "data.num_workers": 2}
+    assert main(["pretrain", "dino", "--recipe", "dino-imagenet", "--output", str(tmp_path / "dino"),
+                 *_sets(_overrides(name, sources, **dino))]) == 0
+    rows = list(csv.DictReader((tmp_path / "dino" / "metrics.csv").read_text().splitlines()))
+    assert len(rows) == 1 and 0 <= float(rows[0]["knn_top1"]) <= 100 and rows[0]["skipped_train_images"] == "0"
