@@ -6,14 +6,13 @@ from __future__ import annotations
 import io
 import sys
 
+import datasets  # noqa: E402  (the data extra: CI installs it, so these tests never skip)
 import numpy as np
 import pytest
 from PIL import Image
 
 from resmlp.data.sources import StreamPlan, open_source
 from resmlp.errors import ConfigError, DataError
-
-datasets = pytest.importorskip("datasets")
 
 
 def _rows(n: int) -> dict:
