@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import sys
 
-import datasets  # noqa: E402  (the data extra: CI installs it, so these tests never skip)
+import datasets  # the data extra: CI installs it, so these tests never skip
 import numpy as np
 import pytest
 from PIL import Image
