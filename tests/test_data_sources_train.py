@@ -105,6 +105,9 @@ def test_kill_mid_epoch_then_resume_gives_the_uninterrupted_weights(sources, tmp
     killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "killed"), json.dumps(overrides)],
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    other_layout = {**overrides, "data.num_workers": 1}  # the position counts batches of 0 workers' layout
+    assert main(["train", "--recipe", "deit", "--output", str(tmp_path / "killed"), "--resume",
+                 *_sets(other_layout)]) == 2
     for run, resume in (("killed", ["--resume"]), ("straight", [])):
         assert main(["train", "--recipe", "deit", "--output", str(tmp_path / run), *resume, *_sets(overrides)]) == 0
     a, b = load_file(tmp_path / "killed" / "last.safetensors"), load_file(tmp_path / "straight" / "last.safetensors")
