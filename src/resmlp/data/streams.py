@@ -15,7 +15,7 @@ The contract, for a training pass (StreamPlan.train):
 - Resume mid-epoch: the stream of a slot is a pure function of (seed, epoch, slot), so a worker skips the
   records of its batches the run already trained on (read, not decoded) and continues: no record repeated,
   none skipped, provided the resumed run has the same number of processes, data.num_workers and batch size
-  (the position is counted in batches of this layout).
+  (the position is counted in batches of this layout; resmlp.train.state refuses a resume with another).
 - Repeated augmentation (data.repeated_aug = R, DeiT's RASampler): each record comes R times in a row into
   the shuffle buffer, each copy with its own augmentation seed, and an epoch is as long as without it: it
   sees 1/R of the records, as RASampler's epoch does (the shards read are the first 1/R of the slot's).
