@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "resmlp.commands.analyze",
     "resmlp.commands.benchmark",
     "resmlp.commands.translate",
+    "resmlp.commands.data",
 )
 
 

@@ -6,9 +6,11 @@ mapping) naming the key.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from resmlp.build import parse_model_name
+from resmlp.data.sources import KINDS, NEEDS_ARGUMENT, parse_source
 from resmlp.errors import ConfigError
 from resmlp.train.sections import TrainConfig
 
@@ -83,3 +85,34 @@ def once_per_key(range_errors: list[str], value_errors: list[str]) -> list[str]:
 
     named = {key(e) for e in range_errors}
     return [e for e in value_errors if key(e) not in named]
+
+
+def check_source(d: Any) -> list[str]:
+    """data.source in the grammar, or the older data.kind + data.dir, naming something that exists; the
+    sources' own keys (class_map, epoch_length)."""
+    errors = []
+    if d.class_map is not None and not Path(d.class_map).is_file():
+        errors.append(f"data.class_map: {d.class_map} does not exist or is not a file")
+    if d.epoch_length is not None and not 0 < d.epoch_length <= 10**10:
+        errors.append(f"data.epoch_length: training records per epoch, from 1 to 1e10, got {d.epoch_length}")
+    return errors + _source_errors(d)
+
+
+def _source_errors(d: Any) -> list[str]:
+    if d.source is not None:
+        if d.dir is not None:
+            return [f"data.source={d.source} and data.dir={d.dir}: name the data once, in data.source (--data)"]
+        try:
+            spec = parse_source(d.source)
+        except ConfigError as e:
+            return [f"data.source: {e}"]
+        local = spec.kind in ("folder", "hf", "cifar10", "cifar100", "fashion-mnist") and spec.arg is not None
+        return [f"data.source: {spec.arg} does not exist"] if local and not Path(spec.arg).exists() else []
+    if d.kind not in KINDS:
+        return [f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}"]
+    if d.dir is not None:
+        ok = d.kind == "wds" or (Path(d.dir).exists() if d.kind == "hf" else Path(d.dir).is_dir())
+        return [] if ok else [f"data.dir: {d.dir} does not exist or is not a folder"]
+    if d.kind in NEEDS_ARGUMENT:
+        return [f"data.dir: the {d.kind} dataset needs a folder (--data-dir DIR, or --data {d.kind}:DIR)"]
+    return []
