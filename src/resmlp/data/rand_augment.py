@@ -72,7 +72,7 @@ def parse_rand_augment(config: str) -> RandAugmentSpec:
         if part.startswith("t"):
             raise ValueError(f"RandAugment transform set {part!r} in {config!r} (weighted or 3-Augment choices) "
                              f"is not in the device pipeline{hint}")
-        key, _, value = (re.split(r"(\d.*)", part) + ["", ""])[:3]
+        key, value = (re.split(r"(\d.*)", part) + [""])[:2]
         if not value:
             continue  # timm ignores a section without a number
         number = float(value)
