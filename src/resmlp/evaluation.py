@@ -16,9 +16,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from resmlp.data import KINDS, ShardSampler, build_dataset, collate_skipping, heldout_split
+from resmlp.data import ShardSampler, build_dataset, collate_skipping, heldout_split, resolve_data
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.batch_augment import BatchAugment, eval_batches
+from resmlp.data.sources import SourceSpec, spec_from_config
 from resmlp.runtime import (
     DistInfo,
     all_reduce_sum,
@@ -109,8 +110,9 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
              announce: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
 
-    data: a dataset kind (fashion-mnist, folder, cifar10, cifar100, synthetic) or a folder path (then
-    `folder`, reading DIR/<split>/<class>/ images); None: the dataset the checkpoint was trained on. split:
+    data: a source (resmlp.data.sources: folder:DIR, wds:PATTERN, hf:DIR, fashion-mnist, cifar10:DIR...), a
+    dataset kind with its folder in `data_dir`, or a folder path (DIR/<split>/<class>/ images); None: the
+    dataset the checkpoint was trained on. split:
     train, val or test; None: test where the dataset has one, else val (resmlp.data.heldout_split). With
     `output`, writes OUTPUT/summary.json (keys as a training run's) and OUTPUT/confusion_matrix.png (none with
     plot=False); without it, no file. `announce(summary)` is called before any file is written, so a score
@@ -122,21 +124,20 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
 
     check_device_name(device)
     checkpoint = resolve_checkpoint(checkpoint)
-    loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
     options: dict[str, Any] = {}
-    if data is None and data_dir is None:
-        data, data_dir, options = _run_data(checkpoint)
-    data = data or loaded.dataset
-    if data is None:
-        raise ValueError(f"{checkpoint} does not say which dataset it was trained on; pass --data KIND or a folder")
-    if data not in KINDS:
-        if not Path(data).is_dir():
-            raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
-        data, data_dir = "folder", data
-    split = split or heldout_split(data, data_dir)
+    spec = resolve_data(data, data_dir) if data is not None else None
+    if spec is None and data_dir is None:
+        spec, options = _run_data(checkpoint)
+    loaded = load_for_inference(checkpoint, dataset=spec.kind if spec else None)
+    if spec is None:
+        if loaded.dataset is None:
+            raise ValueError(f"{checkpoint} does not say which dataset it was trained on; pass --data KIND or a "
+                             "folder")
+        spec = resolve_data(loaded.dataset, data_dir)
+    data = spec.kind
+    split = split or heldout_split(spec)
     pre = loaded.preprocess
-    dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size,
-                            **options)
+    dataset = build_dataset(spec, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size, **options)
     names = dataset.class_names
     num_classes = loaded.num_classes
     if num_classes != len(names):
@@ -179,10 +180,10 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     return summary
 
 
-def _run_data(checkpoint: Path) -> tuple[str | None, str | None, dict[str, Any]]:
-    """(kind, folder, options) of the run whose config.json sits next to `checkpoint` (a run's image folder,
+def _run_data(checkpoint: Path) -> tuple[SourceSpec | None, dict[str, Any]]:
+    """(source, options) of the run whose config.json sits next to `checkpoint` (a run's image folder,
     generated data and pixel permutation are in its config, not in the checkpoint): `options` are
-    build_dataset's arguments that make the run's own splits; (None, None, {}) outside a run."""
+    build_dataset's arguments that make the run's own splits; (None, {}) outside a run."""
     from resmlp.errors import ConfigError
     from resmlp.fileio import read_json_object
 
@@ -192,14 +193,16 @@ def _run_data(checkpoint: Path) -> tuple[str | None, str | None, dict[str, Any]]
     if not isinstance(data, dict) or not isinstance(train, dict):
         raise ConfigError(f"run config {config}: data and train must be objects; restore the file or pass --data "
                           "(and --data-dir)")
-    kind, folder = data.get("kind"), data.get("dir")
-    if not all(v is None or isinstance(v, str) for v in (kind, folder)):
-        raise ConfigError(f"run config {config}: data.kind and data.dir must be strings, got {kind!r} and {folder!r}"
-                          "; restore the file or pass --data (and --data-dir)")
+    kind, folder, source = data.get("kind"), data.get("dir"), data.get("source")
+    if not all(v is None or isinstance(v, str) for v in (kind, folder, source)):
+        raise ConfigError(f"run config {config}: data.source, data.kind and data.dir must be strings, got {source!r}, "
+                          f"{kind!r} and {folder!r}; restore the file or pass --data (and --data-dir)")
+    if not (source or kind):
+        return None, {}
     options = {key: data[key] for key in ("synthetic_classes", "permute", "permute_patch", "permute_seed")
                if key in data}
     if "synthetic_size" in data:
         options["synthetic_size"] = tuple(data["synthetic_size"])
     if "seed" in train:
         options["seed"] = train["seed"]
-    return kind, folder, options
+    return spec_from_config(source, kind, folder), options

@@ -8,6 +8,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from resmlp import reporting
+from resmlp.data.assemble import run_spec
 from resmlp.evaluation import EVAL_BATCH_SIZE
 from resmlp.hostinfo import host_info
 from resmlp.inference import load_for_inference
@@ -22,7 +23,7 @@ def checkpoint_metadata(trainer: TrainerView, row: dict[str, Any]) -> dict[str, 
     """What best/last.safetensors carry besides weights: classes, preprocessing, dataset, scores."""
     scores = {k: v for k, v in row.items() if k in ("val_top1", "val_top5", "knn_top1")}
     return dict(class_names=trainer.data.class_names, preprocess=trainer.data.preprocess.to_dict(),
-                dataset=trainer.cfg.data.kind, recipe=trainer.cfg.recipe, epoch=row["epoch"], **scores)
+                dataset=run_spec(trainer.cfg.data).kind, recipe=trainer.cfg.recipe, epoch=row["epoch"], **scores)
 
 
 def side_outputs(trainer: TrainerView, row: dict[str, Any]) -> None:
@@ -62,7 +63,7 @@ def run_summary(trainer: TrainerView, selected_test: dict[str, float] | None,
         wall_seconds=round(trainer.wall_before + time.perf_counter() - trainer.t0, 1),
         checkpoint=str((out / "best.safetensors").resolve()), last_checkpoint=str((out / "last.safetensors").resolve()),
         state=str((out / STATE_FILE).resolve()), recipe=t.recipe, task=trainer.task.name, model=t.model,
-        dataset=t.data.kind, global_batch=t.train.batch_size, lr=trainer.lr, amp=precision_name(trainer.amp),
+        dataset=run_spec(t.data).kind, global_batch=t.train.batch_size, lr=trainer.lr, amp=precision_name(trainer.amp),
         device=str(info.device), world_size=info.world_size, compile=trainer.compile_choice.summary(),
         host=host_info(trainer.amp), metrics=str((out / "metrics.csv").resolve()),
         learning_curves=str((out / "learning_curves.png").resolve()), **trainer.task.summary_extra(),

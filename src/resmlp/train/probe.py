@@ -100,7 +100,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     OUTPUT/summary.json, host and precision included.
     """
     from resmlp import reporting
-    from resmlp.data import KINDS, ArrayDataset, build_dataset, heldout_split
+    from resmlp.data import ArrayDataset, build_dataset, heldout_split, resolve_data
     from resmlp.evaluation import eval_batches_or_loader, resolve_checkpoint
     from resmlp.hostinfo import host_info
     from resmlp.inference import load_for_inference, optimize_features
@@ -114,19 +114,16 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     if not 1 <= batch_size <= 65536:
         raise ConfigError(f"--batch-size {batch_size}: expected a number of images from 1 to 65536")
     checkpoint = resolve_checkpoint(checkpoint)
-    loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
-    if data not in KINDS:
-        if not Path(data).is_dir():
-            raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
-        data, data_dir = "folder", data
+    spec = resolve_data(data, data_dir)
+    loaded = load_for_inference(checkpoint, dataset=spec.kind)
     pre, model = loaded.preprocess, loaded.model
     torch_device = resolve_device(device)
     precision = "bf16" if resolve_amp(amp, torch_device) == "bf16" else "fp32"
     features = optimize_features(model, precision).to(torch_device)
     start = time.perf_counter()
     split_features = []
-    for split in ("train", heldout_split(data, data_dir)):
-        dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
+    for split in ("train", heldout_split(spec)):
+        dataset = build_dataset(spec, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
         # in-memory images already at the model's size are preprocessed in whole batches (exact, and ~10x faster
         # than the per-image PIL transform that dominated eval-knn's time)
         batched = (pre.batched_eval(*dataset.images.shape[1:3]) if isinstance(dataset, ArrayDataset) else None)

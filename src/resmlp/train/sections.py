@@ -21,8 +21,14 @@ TRAINING_FIELDS = ("drop_rate", "drop_path_rate")
 
 @dataclass
 class DataConfig:
-    kind: str = "fashion-mnist"  # fashion-mnist | folder | cifar10 | cifar100 | synthetic
+    # the data source in one grammar (resmlp.data.sources): folder:DIR, wds:PATTERN, hf:DIR, fashion-mnist[:DIR],
+    # cifar10:DIR, cifar100:DIR, synthetic. None: kind + dir below, the older spelling of the same
+    source: str | None = None
+    kind: str = "fashion-mnist"  # fashion-mnist | folder | wds | hf | cifar10 | cifar100 | synthetic
     dir: str | None = None  # None: the kind's default location (Fashion-MNIST: the Debian package)
+    class_map: str | None = None  # folders: a text file, one class per line, its index the line number (timm's)
+    streaming: bool = False  # hf: stream the dataset (an iterable) instead of memory-mapping it
+    epoch_length: int | None = None  # wds: samples per epoch when the shards have no index.json
     mean: list[float] | None = None  # None: the dataset's statistics (ImageNet's for folders)
     std: list[float] | None = None
     crop_pct: float = 0.875  # evaluation: resize to img_size / crop_pct, then center-crop

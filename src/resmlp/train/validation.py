@@ -22,12 +22,17 @@ import torch
 
 from resmlp.build import build_model, check_constructor_keys, parse_model_name
 from resmlp.complexity import dino_memory_bytes, evaluation_memory_bytes, training_memory_bytes
-from resmlp.data import KINDS
 from resmlp.errors import ConfigError
 from resmlp.preprocess import INTERPOLATIONS
 from resmlp.runtime import DEVICE_NAME, training_device_memory_bytes
 from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
-from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
+from resmlp.train.value_checks import (
+    check_auto_augment,
+    check_keys_are_strings,
+    check_source,
+    check_teacher,
+    input_shape,
+)
 
 # the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
 # memory runs out, or a zero would fail deep inside the run. The model's sizes are bounded by ResMLPConfig itself.
@@ -259,11 +264,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
             errors.append(msg)
 
     errors += _check_model(cfg)
-    need(d.kind in KINDS, f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}")
-    if d.dir is not None:
-        need(Path(d.dir).is_dir(), f"data.dir: {d.dir} does not exist or is not a folder")
-    elif d.kind in ("folder", "cifar10", "cifar100"):
-        errors.append(f"data.dir: the {d.kind} dataset needs a folder (--data-dir DIR)")
+    errors += check_source(d)
     need((d.mean is None) == (d.std is None), "data.mean and data.std go together: set both or neither")
     need(0 < d.crop_pct <= 1, f"data.crop_pct must be in (0, 1], got {d.crop_pct}")
     need(len(d.scale) == 2 and 0 < d.scale[0] <= d.scale[1] <= 1, f"data.scale: [min, max] in (0, 1], got {d.scale}")

@@ -6,9 +6,11 @@ mapping) naming the key.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from resmlp.build import parse_model_name
+from resmlp.data.sources import KINDS, NEEDS_ARGUMENT, parse_source
 from resmlp.errors import ConfigError
 from resmlp.train.sections import TrainConfig
 
@@ -51,4 +53,25 @@ def check_auto_augment(policy: str) -> list[str]:
     except Exception as e:  # timm's parsers raise AssertionError, ValueError, KeyError... for malformed policies
         return [f"data.auto_augment: {policy!r} is not a timm policy string such as rand-m9-mstd0.5-inc1 "
                 f"({type(e).__name__}: {e})"]
+    return []
+
+
+def check_source(d: Any) -> list[str]:
+    """data.source in the grammar, or the older data.kind + data.dir, naming something that exists."""
+    if d.source is not None:
+        if d.dir is not None:
+            return [f"data.source={d.source} and data.dir={d.dir}: name the data once, in data.source (--data)"]
+        try:
+            spec = parse_source(d.source)
+        except ConfigError as e:
+            return [f"data.source: {e}"]
+        local = spec.kind in ("folder", "hf", "cifar10", "cifar100", "fashion-mnist") and spec.arg is not None
+        return [f"data.source: {spec.arg} does not exist"] if local and not Path(spec.arg).exists() else []
+    if d.kind not in KINDS:
+        return [f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}"]
+    if d.dir is not None:
+        ok = d.kind == "wds" or (Path(d.dir).exists() if d.kind == "hf" else Path(d.dir).is_dir())
+        return [] if ok else [f"data.dir: {d.dir} does not exist or is not a folder"]
+    if d.kind in NEEDS_ARGUMENT:
+        return [f"data.dir: the {d.kind} dataset needs a folder (--data-dir DIR, or --data {d.kind}:DIR)"]
     return []

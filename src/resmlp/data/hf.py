@@ -1,0 +1,1 @@
+"""Hugging Face datasets (placeholder until the reader lands)."""

@@ -1,0 +1,1 @@
+"""WebDataset shards (placeholder until the reader lands)."""
