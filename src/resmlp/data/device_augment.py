@@ -21,7 +21,7 @@ rounding of the kernels on a GPU).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -110,15 +110,18 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
 
 class DeviceAugment:
     """Decoded uint8 images (a list of (C, H, W) tensors, or an (N, H, W[, C]) batch) + one seed per image ->
-    normalised float (N, in_chans, S, S) on the images' device: timm's training transform (module doc)."""
+    normalised float (N, in_chans, S, S) on the images' device: timm's training transform (module doc), then
+    `after`."""
 
     def __init__(self, img_size: int, in_chans: int, mean: Sequence[float], std: Sequence[float],
                  scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3), hflip: float = 0.5,
-                 auto_augment: str | None = None, reprob: float = 0.0, interpolation: str = "bicubic") -> None:
+                 auto_augment: str | None = None, reprob: float = 0.0, interpolation: str = "bicubic",
+                 after: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         if interpolation not in RESIZE_MODES:
             raise ValueError(f"the device pipeline resizes with {', '.join(RESIZE_MODES)}, not {interpolation!r}")
         self.img_size, self.in_chans, self.interpolation = img_size, in_chans, interpolation
         self.scale, self.ratio, self.hflip, self.reprob = tuple(scale), tuple(ratio), hflip, reprob
+        self.after = after  # e.g. the run's fixed pixel permutation, on the normalised batch
         self.spec = ra.parse_rand_augment(auto_augment) if auto_augment else None
         # timm's create_transform hands RandAugment the run's interpolation (aa_params['interpolation'])
         self.resample = (interpolation,)
@@ -160,7 +163,7 @@ class DeviceAugment:
         x = (x / 255 - self.stats[0]) / self.stats[1]
         if plan["erase"] is not None and plan["erase"][:, 2].any():
             x = self._erase(x, parts["erase"], parts["seeds"])
-        return x
+        return self.after(x) if self.after is not None else x
 
     def _resized_crop(self, image: torch.Tensor, top: int, left: int, h: int, w: int) -> torch.Tensor:
         """One image's crop resized to img_size: (1, in_chans, S, S) whole values in [0, 255], as PIL's uint8."""

@@ -231,6 +231,10 @@ class Trainer:
         if self.data.train_augment is not None:
             batches = array_batches(self.data.train, self.sampler, self.micro_batch, self.data.train_augment,
                                     device=device if is_accelerator(device) else None)
+        elif (pipeline := self.data.train_pipeline) is not None:  # data.pipeline=device: decoded where the model is
+            if self._loader is None:
+                self._loader = pipeline.loader(self.sampler, self.micro_batch, self.cfg.data.num_workers, device)
+            batches = pipeline.batches(self._loader)
         else:
             if self._loader is None:
                 workers = self.cfg.data.num_workers
