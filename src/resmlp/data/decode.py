@@ -109,7 +109,7 @@ def collate_encoded(batch: list) -> EncodedBatch:
     jpegs = [payload for payload, on_device, _, _ in good if on_device]
     buffer = torch.from_numpy(np.frombuffer(b"".join(jpegs), dtype=np.uint8).copy())
     lengths = [len(payload) if on_device else -1 for payload, on_device, _, _ in good]
-    decoded = [torch.from_numpy(np.ascontiguousarray(payload)) for payload, on_device, _, _ in good
+    decoded = [torch.from_numpy(np.array(payload, copy=True)) for payload, on_device, _, _ in good
                if not on_device]
     return EncodedBatch(buffer, lengths, decoded, torch.tensor([label for _, _, label, _ in good]),
                         [seed for _, _, _, seed in good], len(batch) - len(good))
@@ -164,11 +164,12 @@ def _decode_jpegs(chunks: Sequence[torch.Tensor], device: torch.device) -> list[
 
 def _pil_fallback(chunk: torch.Tensor, in_chans: int, device: torch.device) -> torch.Tensor | None:
     try:
-        array = pixels(chunk.numpy().tobytes(), in_chans, None, "a JPEG the device decoder refused")
+        array = pixels(chunk.numpy().tobytes(), in_chans, None, "record")
     except DataError as e:
-        warnings.warn(f"skipping unreadable image: {e}", stacklevel=3)
+        warnings.warn(f"skipping unreadable image (a JPEG whose data decode_jpeg and PIL both refuse): {e}",
+                      stacklevel=3)
         return None
-    return _chw(copy_to(torch.from_numpy(np.ascontiguousarray(array)), device))
+    return _chw(copy_to(torch.from_numpy(np.array(array, copy=True)), device))
 
 
 def _chw(image: torch.Tensor) -> torch.Tensor:
