@@ -64,7 +64,7 @@ PAYLOADS = {
     "png": (encoded(photo(seed=3), "PNG"), False),
     "cmyk jpeg": (encoded(Image.fromarray(photo(seed=4)).convert("CMYK")), False),
     "exif-rotated jpeg": (rotated_jpeg(), False),
-    "16-bit png": (encoded(Image.fromarray((photo()[..., 0].astype(np.uint16) * 257)), "PNG"), False),
+    "16-bit png": (encoded(Image.fromarray(photo()[..., 0].astype(np.uint16) * 257), "PNG"), False),
 }
 
 
