@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from resmlp.data.decode import EncodedBatch, EncodedDataset, collate_encoded, decode_batch
 from resmlp.data.device_augment import DeviceAugment
+from resmlp.runtime import copy_to
 
 PIPELINES = ("device", "timm")
 
@@ -48,9 +49,11 @@ class DevicePipeline:
         lost = len(batch.lengths) - len(kept)
         counts = Counter(decoded_on_device=jpegs - fallbacks - lost,
                          pil_fallback=len(batch.lengths) - jpegs + fallbacks)
-        labels = batch.labels if not lost else batch.labels[kept]
+        # the labels came pinned with the batch; a batch that lost an image sends a new (pinned) copy
+        labels = (batch.labels.to(self.device, non_blocking=True) if not lost
+                  else copy_to(batch.labels[kept], self.device))
         x = self.augment(images, [batch.seeds[i] for i in kept])
-        return x, labels.to(self.device, non_blocking=True), batch.skipped + lost, counts
+        return x, labels, batch.skipped + lost, counts
 
     def collate(self, items: list) -> tuple[torch.Tensor, torch.Tensor, int, Counter]:
         """The DataLoader collate of the in-worker placement (CPU hosts): read, decode and augment."""

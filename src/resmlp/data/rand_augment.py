@@ -335,7 +335,7 @@ def warp(x: torch.Tensor, matrix: torch.Tensor, fill: torch.Tensor, mode: str) -
     points = torch.stack([xs, ys, torch.ones_like(xs)], -1).view(1, h * w, 3)
     source = points @ matrix.to(x.dtype).transpose(1, 2)  # (N, H*W, 2) in pixel-edge coordinates
     inside = ((source[..., 0] >= 0) & (source[..., 0] < w) & (source[..., 1] >= 0) & (source[..., 1] < h))
-    grid = source / torch.tensor([w / 2, h / 2], dtype=x.dtype, device=x.device) - 1
+    grid = torch.stack([source[..., 0] / (w / 2) - 1, source[..., 1] / (h / 2) - 1], -1)
     sampled = F.grid_sample(x, grid.view(n, h, w, 2), mode=mode, padding_mode="border", align_corners=False)
     # PIL truncates its double result; the float32 round trip through grid coordinates lands whole values a
     # hair below themselves, hence the small lift before truncating
