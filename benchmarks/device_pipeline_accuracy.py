@@ -53,8 +53,9 @@ def train(data: Path, out: Path, pipeline: str, seed: int, epochs: int, batch: i
             "data.hflip": 0.0, "data.scale": [0.35, 1.0], "data.crop_pct": 1.0, "data.mean": [0.5], "data.std": [0.5],
             "loss.label_smoothing": 0.1, "model.img_size": 64, "model.patch_size": 8, "model.in_chans": 1,
             "model.dim": 96, "model.depth": 4, "optim.name": "adamw", "optim.lr": 2e-3, "optim.weight_decay": 0.05,
-            "schedule.epochs": epochs, "schedule.warmup_epochs": min(1, epochs - 1), "train.batch_size": batch, "train.seed": seed,
-            "train.progress": False, "train.compile": False, "train.threads": threads, "train.amp": "fp32"}
+            "schedule.epochs": epochs, "schedule.warmup_epochs": min(1, epochs - 1), "train.batch_size": batch,
+            "train.seed": seed, "train.progress": False, "train.compile": False, "train.threads": threads,
+            "train.amp": "fp32"}
     argv = ["train", "--data-dir", str(data), "--output", str(out)] + [
         f"--set={key}={json.dumps(value)}" for key, value in sets.items()]
     if resmlp_main(argv) != 0:
