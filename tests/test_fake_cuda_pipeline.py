@@ -54,3 +54,12 @@ def test_in_memory_images_take_randaugment_on_the_gpu_without_host_waits(tmp_pat
     assert repeated_waits(ledger) == {}
     assert not ledger.inside("DeviceAugment.__call__")
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["data_pipeline"] == {"name": "device"}
+
+
+def test_dino_multicrop_runs_on_the_gpu_without_host_waits(tmp_path, capsys):
+    from test_fake_cuda import DINO
+
+    ledger = run_cli(["pretrain", "dino", "--output", str(tmp_path / "run")],
+                     {**COMMON, **DINO, "model.in_chans": 1, "data.pipeline": "device"}, capsys)
+    assert repeated_waits(ledger) == {}
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["data_pipeline"] == {"name": "device"}

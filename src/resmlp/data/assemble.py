@@ -22,7 +22,7 @@ from resmlp.data import ArrayDataset, PixelPermutation, dataset_stats, with_perm
 from resmlp.data.batch_augment import BatchAugment
 from resmlp.data.decode import EncodedDataset
 from resmlp.data.decoded import decoded
-from resmlp.data.device_augment import DeviceAugment
+from resmlp.data.device_augment import DeviceAugment, PerImageOnDevice
 from resmlp.data.device_pipeline import DevicePipeline
 from resmlp.data.folder import class_folder_records
 from resmlp.data.sources import MapRecords, Source, SourceSpec, open_source, spec_from_config
@@ -105,11 +105,13 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
             and not d.auto_augment and not d.color_jitter):
         augment = BatchAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip, d.reprob,
                                d.interpolation, after=permutation)
-    elif d.pipeline == "device" and train_transform is None:
-        device_augment = DeviceAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip,
-                                       d.auto_augment, d.reprob, d.interpolation, after=permutation)
+    elif d.pipeline == "device":
+        device_augment = (PerImageOnDevice(train_transform(pre, tensors=True), in_chans, pre.mean, pre.std)
+                          if train_transform else
+                          DeviceAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip,
+                                        d.auto_augment, d.reprob, d.interpolation, after=permutation))
         if isinstance(train, ArrayDataset):
-            augment = device_augment
+            augment = device_augment  # array_batches hands it device-resident uint8 batches
         elif isinstance(splits.train, MapRecords):
             pipeline = DevicePipeline(device_augment, EncodedDataset(splits.train, in_chans), in_chans)
         else:
@@ -121,5 +123,5 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
         test_batched = (pre.batched_eval(*test.images.shape[1:3], after=permutation)
                         if isinstance(test, ArrayDataset) else None)
     return RunData(train, val, test, train_eval, list(splits.train.class_names), pre, splits.validation, augment,
-                   val_batched, test_batched, pipeline, "device" if pipeline or isinstance(augment, DeviceAugment)
-                   else "batched" if augment is not None else "timm")
+                   val_batched, test_batched, pipeline, "device" if pipeline or isinstance(
+                       augment, (DeviceAugment, PerImageOnDevice)) else "batched" if augment is not None else "timm")

@@ -286,7 +286,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
         need(len(d.mean) == len(d.std) and len(d.mean) in (1, 3, input_shape(cfg)[0]),
              f"data.mean and data.std: as many values, 1, 3 or the model's channels, got {d.mean} and {d.std}")
         need(all(v > 0 for v in d.std), f"data.std: every value must be > 0 (images are divided by it), got {d.std}")
-    errors += check_augmentation(d, cfg.task_name)
+    errors += check_augmentation(d)
     need(o.name in ("lamb", "sgd", "adamw"), f"optim.name: {o.name!r} is not one of lamb, sgd, adamw")
     need(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
     need(o.reference_batch is None or o.reference_batch > 0, "optim.reference_batch must be > 0 or null")

@@ -56,7 +56,7 @@ def check_auto_augment(policy: str) -> list[str]:
     return []
 
 
-def check_augmentation(d: Any, task: str) -> list[str]:
+def check_augmentation(d: Any) -> list[str]:
     """data.auto_augment (timm's parse) and data.pipeline: device or timm, device only where it runs every
     training op the data section asks for."""
     if d.auto_augment is not None and (errors := check_auto_augment(d.auto_augment)):
@@ -66,8 +66,6 @@ def check_augmentation(d: Any, task: str) -> list[str]:
         return [f"data.pipeline: {d.pipeline!r} is not one of device, timm"]
     if d.pipeline == "timm":
         return []
-    if task == "dino":
-        return [f"data.pipeline=device: DINO's multi-crop is not on the device yet{hint}"]
     if d.color_jitter > 0 and not d.auto_augment:  # timm turns colour jitter off under RandAugment
         return [f"data.pipeline=device does not run data.color_jitter={d.color_jitter}{hint}"]
     if d.auto_augment:
