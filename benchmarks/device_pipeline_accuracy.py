@@ -2,14 +2,15 @@
 augmentation run by timm's per-image transform (data.pipeline=timm) and by the device pipeline (device), 3 seeds
 each; the top-1 means must agree within the seed spread.
 
-    .venv/bin/python benchmarks/device_pipeline_accuracy.py --out /tmp/acc [--epochs 12] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/device_pipeline_accuracy.py --out /tmp/acc [--epochs 10] [--seeds 0 1 2]
 
 The data: scikit-learn's digits (1,797 8x8 grey scans of handwritten digits, a real dataset shipped with
 scikit-learn), upscaled to 64 px (bicubic) and written as JPEGs (quality 90) in DIR/train/<digit>/ (1,197
 images) and DIR/val/<digit>/ (600, a fixed stratified split). The model: ResMLP at 32 px (the 64-px JPEGs are
-cropped and resized to it, as ImageNet's ~400-px photos are to 224), patch 4, dim 64, depth 2, 1 channel. The augmentation: the deit recipe's (RandAugment rand-m9-mstd0.5-inc1, erasing 0.25, Mixup 0.8,
-CutMix 1.0, smoothing 0.1, flips off: a flipped digit is another symbol) with a random-resized-crop scale of
-[0.35, 1] (0.08 of a 64-px digit is a blot). Each run is `resmlp train` in this process, one after the other.
+cropped and resized to it, as ImageNet's ~400-px photos are to 224), patch 4, dim 64, depth 2, 1 channel, AdamW.
+The augmentation: the deit recipe's (RandAugment rand-m9-mstd0.5-inc1, erasing 0.25, Mixup 0.8, CutMix 1.0,
+smoothing 0.1; flips off: a flipped digit is another symbol) with a random-resized-crop scale of [0.35, 1] (0.08
+of a 64-px digit is a blot). Each run is `resmlp train` in this process, one after the other.
 Output: a markdown table (per seed, mean, spread) and the verdict, to stdout and OUT/accuracy.md.
 """
 
