@@ -139,3 +139,20 @@ def test_packed_names_round_trip_any_file_name():
     assert [packed[i] for i in range(len(packed))] == names
     assert packed.buffer.dtype == np.uint8 and packed.offsets.dtype == np.int64
     assert [packed.subset(np.array([2, 0]))[i] for i in range(2)] == [names[2], names[0]]
+
+
+def test_the_index_cache_beside_the_run_skips_the_listing_until_a_folder_changes(tmp_path, monkeypatch):
+    import resmlp.data.imagenet as imagenet
+
+    root = _folder(tmp_path / "d", {"train": 3})
+    first = open_source(f"folder:{root}", index_cache=tmp_path / "run").records("train")
+    assert list((tmp_path / "run" / "data_index").glob("train-*.npz"))
+    real = imagenet.list_files
+    monkeypatch.setattr(imagenet, "list_files", lambda *a, **k: pytest.fail("listed again"))
+    cached = open_source(f"folder:{root}", index_cache=tmp_path / "run").records("train")
+    assert [cached.names[i] for i in range(6)] == [first.names[i] for i in range(6)]
+    assert cached.labels.tolist() == first.labels.tolist()
+    monkeypatch.setattr(imagenet, "list_files", real)
+    os.utime(root / "train" / "n02", ns=(0, 0))  # an old time first: the addition below changes it on any clock
+    _image(root / "train" / "n02" / "new.JPEG")
+    assert len(open_source(f"folder:{root}", index_cache=tmp_path / "run").records("train")) == 7

@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "resmlp.commands.analyze",
     "resmlp.commands.benchmark",
     "resmlp.commands.translate",
+    "resmlp.commands.data",
 )
 
 

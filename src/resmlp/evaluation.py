@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
-from resmlp.data import ShardSampler, build_dataset, collate_skipping, heldout_split, resolve_data
+from resmlp.data import ShardSampler, build_dataset, heldout_split, resolve_data
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.batch_augment import BatchAugment, eval_batches
+from resmlp.data.loaders import eval_loader
 from resmlp.data.sources import SourceSpec, spec_from_config
 from resmlp.runtime import (
     DistInfo,
@@ -82,11 +82,10 @@ def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: in
     when it is a GPU: the images are kept there) when `batched` is the exact batched form of the evaluation
     transform, else by a DataLoader."""
     world, rank = (info.world_size, info.rank) if info else (1, 0)
-    shard = ShardSampler(len(dataset), world, rank)
     if batched is not None:
+        shard = ShardSampler(len(dataset), world, rank)
         return eval_batches(dataset, shard, batch_size, batched, device if is_accelerator(device) else None)
-    return DataLoader(dataset, batch_size=batch_size, sampler=shard, num_workers=num_workers,
-                      collate_fn=collate_skipping, pin_memory=is_accelerator(device))
+    return eval_loader(dataset, batch_size, num_workers, world, rank, is_accelerator(device))
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

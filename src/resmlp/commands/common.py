@@ -81,6 +81,8 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--workers": ("data.num_workers", dict(type=int, metavar="N", help="data loader worker processes")),
     "--threads": ("train.threads", dict(type=thread_count, metavar="N",
                                         help="compute threads per process (default: the usable cores / processes)")),
+    "--data": ("data.source", dict(metavar="SOURCE", help="data source: folder:DIR, wds:PATTERN, hf:DIR, "
+                                                          "fashion-mnist, cifar10:DIR, cifar100:DIR, synthetic")),
     "--data-dir": ("data.dir", dict(metavar="DIR", help="dataset folder")),
     "--no-progress": ("train.progress", dict(action="store_false", default=None,
                                              help="no progress bars (per-epoch lines only)")),
@@ -168,6 +170,8 @@ def run_data_flags(output: str | Path, training: bool = False) -> str:
     data = read_json_object(Path(output) / "config.json", "run config").get("data")
     data = data if isinstance(data, dict) else {}
     kind, folder = str(data.get("kind", "fashion-mnist")), data.get("dir")
+    if isinstance(data.get("source"), str):  # the source grammar names it whole, for training and evaluation
+        return shlex.join(["--data", data["source"]])
     if training:
         flags = [] if kind == "fashion-mnist" else ["--set", f"data.kind={kind}"]
         return shlex.join(flags + (["--data-dir", str(folder)] if folder else []))

@@ -18,7 +18,7 @@ from resmlp.commands.common import (
     training_overrides,
 )
 
-DATA_KINDS = ("fashion-mnist", "folder", "cifar10", "cifar100", "synthetic")  # resmlp.data.KINDS, without torch
+DATA_KINDS = ("fashion-mnist", "folder", "wds", "hf", "cifar10", "cifar100", "synthetic")  # resmlp.data.KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset: accuracy, per-class, confusion matrix")
     e.add_argument("checkpoint", help="a checkpoint file or a run folder (its best.safetensors)")
-    e.add_argument("--data", help=f"dataset kind ({', '.join(DATA_KINDS)}) or a folder; default: the "
+    e.add_argument("--data", help="data source (folder:DIR, wds:PATTERN, hf:DIR, fashion-mnist, cifar10:DIR...), "
+                                  f"dataset kind ({', '.join(DATA_KINDS)}) or a folder; default: the "
                                   "dataset the checkpoint was trained on")
     e.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
     e.add_argument("--split", choices=("train", "val", "test"),

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset, IterableDataset
 from resmlp.data.arrays import ArrayDataset, _pil_mode
 from resmlp.data.images import decode_image
 from resmlp.data.samplers import sample_seed
-from resmlp.data.sources import ArrayRecords, MapRecords, Payload, StreamRecords
+from resmlp.data.sources import ArrayRecords, MapRecords, Payload, StreamPlan, StreamRecords, Unreadable
 from resmlp.errors import DataError
 
 
@@ -97,23 +97,31 @@ class DecodedDataset(Dataset):
 
 class DecodedStream(IterableDataset):
     """Stream records decoded and transformed, the augmentation seeded by each record's key as SeededDataset
-    seeds map records; yields (image, label) or None."""
+    seeds map records; yields (image, label) or None. `plan` (a StreamPlan) says which pass: the trainer and
+    the evaluators set it before each pass."""
 
     def __init__(self, records: StreamRecords, in_chans: int = 3, transform: Callable | None = None) -> None:
         self.records, self.in_chans, self.transform = records, in_chans, transform
-        self.mode = _pil_mode(in_chans)
+        self.mode, self.plan = _pil_mode(in_chans), StreamPlan(train=False)
 
     @property
     def class_names(self) -> list[str]:
         return self.records.class_names
 
+    def __len__(self) -> int:
+        return len(self.records)
+
     def __iter__(self) -> Iterator:
-        for key, payload, label in self.records:
+        for key, payload, label in self.records.samples(self.plan):
+            what = str(key[3])
+            if isinstance(payload, Unreadable):
+                warnings.warn(f"skipping unreadable image {what}: {payload}", stacklevel=2)
+                yield None
+                continue
             seed = sample_seed(key)
             random.seed(seed)
             np.random.seed(seed)
             torch.default_generator.manual_seed(seed)
-            what = f"{self.records.name_of(key)}"
             try:
                 image = to_image(payload, self.mode, None, what)
             except DataError as e:

@@ -22,7 +22,9 @@ that are not regular (FIFOs) are never opened (resmlp.data.images).
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -107,7 +109,9 @@ def folder_source(spec: SourceSpec, class_map: str | None = None, index_cache: s
         return names
 
     def records(split: str) -> FileRecords:
-        return split_records(folders[split], root, split, classes(), bool(class_map))
+        if index_cache is None or not class_folders(folders[split]):
+            return split_records(folders[split], root, split, classes(), bool(class_map))
+        return cached_records(folders[split], root, split, classes(), bool(class_map), Path(index_cache))
 
     return Source(spec, {split: (lambda s=split: records(s)) for split in folders})
 
@@ -148,8 +152,11 @@ def read_class_map(path: str | Path) -> list[str]:
     return names
 
 
-def split_records(split_dir: Path, root: Path, split: str, classes: list[str], mapped: bool) -> FileRecords:
-    """The records of one split folder: class folders, or a flat folder with its ground-truth file."""
+def split_records(split_dir: Path, root: Path, split: str, classes: list[str], mapped: bool,
+                  visited: list[str] | None = None) -> FileRecords:
+    """The records of one split folder: class folders, or a flat folder with its ground-truth file. `visited`
+    receives the folders listed (relative to the split folder)."""
+    visited = [] if visited is None else visited
     present = class_folders(split_dir)
     if not present:
         return _ground_truth_records(split_dir, root, split, classes)
@@ -165,7 +172,9 @@ def split_records(split_dir: Path, root: Path, split: str, classes: list[str], m
                         "need the same class folders (or give a class map, data.class_map)")
     names, labels, empty = [], [], []
     for name in present:
-        files = list_files(split_dir / name, is_image_name)
+        inside: list[str] = []
+        files = list_files(split_dir / name, is_image_name, folders=inside)
+        visited.extend(f"{name}/{rel}" if rel else name for rel in inside)
         if not files:
             empty.append(name)
         names.extend(f"{name}/{f}" for f in files)
@@ -174,6 +183,39 @@ def split_records(split_dir: Path, root: Path, split: str, classes: list[str], m
         raise ValueError(f"class folder(s) with no images in {split_dir}: {', '.join(empty[:10])}; remove them "
                          f"or add images (extensions {', '.join(IMG_EXTENSIONS)})")
     return FileRecords(split_dir, PackedNames.pack(names), np.asarray(labels, dtype=np.int64), classes)
+
+
+def cached_records(split_dir: Path, root: Path, split: str, classes: list[str], mapped: bool,
+                   cache: Path) -> FileRecords:
+    """split_records, kept in `cache` (the run's folder) between starts of a run: valid while every folder
+    listed keeps its modification time (a file added, removed or renamed changes its folder's), so a restart
+    reads one stat per folder instead of listing them again."""
+    key = hashlib.sha256(f"{split_dir.resolve()}\0{classes}".encode()).hexdigest()[:16]
+    path = cache / "data_index" / f"{split}-{key}.npz"
+    try:
+        with np.load(path) as saved:
+            folders = PackedNames(saved["folder_buffer"], saved["folder_offsets"])
+            mtimes = [os.stat(split_dir / folders[i]).st_mtime_ns for i in range(len(folders))]
+            names, labels = PackedNames(saved["buffer"], saved["offsets"]), saved["labels"]
+            consistent = len(names) == len(labels) and (not len(labels) or 0 <= labels.min() <= labels.max()
+                                                        < len(classes))
+            if consistent and np.array_equal(np.asarray(mtimes, dtype=np.int64), saved["mtimes"]):
+                return FileRecords(split_dir, names, labels, classes)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # no cache, a folder gone, damage: list
+        pass
+    visited: list[str] = [""]
+    records = split_records(split_dir, root, split, classes, mapped, visited)
+    folders = PackedNames.pack(visited)
+    mtimes = np.asarray([os.stat(split_dir / f).st_mtime_ns for f in visited], dtype=np.int64)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, buffer=records.names.buffer, offsets=records.names.offsets, labels=records.labels,
+                 folder_buffer=folders.buffer, folder_offsets=folders.offsets, mtimes=mtimes)
+        os.replace(tmp, path)
+    except OSError:  # a read-only run folder: no cache, the listing stands
+        pass
+    return records
 
 
 def _ground_truth_records(split_dir: Path, root: Path, split: str, classes: list[str]) -> FileRecords:

@@ -21,10 +21,14 @@ Record collections come in two forms, both with `class_names`:
   file or key, for messages). Shard it with resmlp.data.samplers.ResumableSampler: its keys
   `(seed, epoch, position, index)` pick `records[index]` and seed the augmentation (sample_seed(key)), so a
   sample's augmentation is the same whatever the processes, workers or restarts.
-- `StreamRecords` (a torch IterableDataset: WebDataset shards, streamed Hugging Face datasets): iterating
-  yields `(key, payload, label)` with the same key tuple; `set_position(epoch, skip, ...)` picks the epoch
-  and the samples of this rank already consumed; it splits itself across DDP ranks and DataLoader workers
-  (each shard read by one worker of one rank per epoch); `length(world_size)` is the per-rank epoch length.
+- `StreamRecords` (WebDataset shards, streamed Hugging Face datasets): `samples(plan)`, called inside a
+  DataLoader worker, yields that worker's `(key, payload, label)`; the `StreamPlan` names the epoch, seed,
+  rank, workers, batch and the samples of this rank already consumed (a resume). The key is
+  `(seed, epoch, global position, name)`: sample_seed(key) seeds the augmentation as for map records, and
+  `name` (shard and member) names the record in messages. Shards are split across DDP ranks and DataLoader
+  workers (each shard read by one worker of one rank per epoch; resmlp.data.streams states the contract);
+  `epoch_length(plan)` is the per-rank epoch length. A payload of type `Unreadable` is a record that could
+  not be read (its text says why): skip and count it.
 
 A record that can't be read (a missing or truncated file, a corrupt tar member) raises DataError when it is
 read; consumers skip and count it (resmlp.data.samplers.collate_skipping).
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
 from resmlp.errors import ConfigError
 
@@ -130,19 +134,44 @@ class ArrayRecords(MapRecords):
         return ArrayRecords(self.images[indices], self.labels[indices], self.class_names)
 
 
-class StreamRecords(IterableDataset):
-    """Streamed records; see the module doc."""
+class Unreadable(str):
+    """The payload of a streamed record that can't be read (a corrupt tar member, a member without a label, a
+    label out of range, a shard that ended early): the string says why. Consumers skip and count it."""
+
+
+@dataclass
+class StreamPlan:
+    """What one pass over a stream is: the epoch and run seed, this rank's place, the DataLoader's workers and
+    batch, the samples of this rank already consumed (`skip`, a resume), and whether it trains (shuffled,
+    every worker the same number of whole batches) or evaluates (in order, every record exactly once)."""
+
+    seed: int = 0
+    epoch: int = 0
+    skip: int = 0
+    world_size: int = 1
+    rank: int = 0
+    num_workers: int = 0
+    batch_size: int = 1
+    train: bool = True
+    repeats: int = 1  # repeated augmentation (DeiT's RASampler): each record several times, 1/repeats of them
+
+
+class StreamRecords:
+    """Streamed records (resmlp.data.streams.ShardedRecords); see the module doc. Stateless: the pass is
+    described by a StreamPlan, so a training stream and an evaluation stream over the same records coexist."""
 
     class_names: list[str]
 
-    def set_position(self, epoch: int, skip: int, seed: int, world_size: int, rank: int, num_workers: int,
-                     batch_size: int) -> None:
+    def samples(self, plan: StreamPlan) -> Iterator[tuple[Key, Payload, int]]:
+        """This DataLoader worker's (key, payload, label) of the pass `plan`; call inside the worker."""
         raise NotImplementedError
 
-    def length(self, world_size: int = 1, rank: int = 0) -> int:
+    def epoch_length(self, plan: StreamPlan) -> int:
+        """Samples this rank trains on in one epoch of a training plan."""
         raise NotImplementedError
 
-    def __iter__(self) -> Iterator[tuple[Key, Payload, int]]:
+    def __len__(self) -> int:
+        """Records in the split (all ranks)."""
         raise NotImplementedError
 
 
@@ -170,6 +199,16 @@ class Source:
         return made
 
 
+def optional_module(name: str) -> Any:
+    """The module `name` of the `data` extra (webdataset, datasets), or one line naming how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ConfigError(f"this data source needs the {name} package: pip install 'resmlp[data]'") from None
+
+
 def open_source(spec: SourceSpec | str, **options: Any) -> Source:
     """The source `spec` names. options: in_chans-independent knobs of some kinds (synthetic_size,
     synthetic_classes, img_size, seed for synthetic; class_map for folders; index_cache for folders)."""
@@ -181,11 +220,11 @@ def open_source(spec: SourceSpec | str, **options: Any) -> Source:
     if spec.kind == "wds":
         from resmlp.data.wds import wds_source
 
-        return wds_source(spec, length=options.get("length"))
+        return wds_source(spec, length=options.get("length"), class_map=options.get("class_map"))
     if spec.kind == "hf":
         from resmlp.data.hf import hf_source
 
-        return hf_source(spec, streaming=bool(options.get("streaming")))
+        return hf_source(spec, streaming=bool(options.get("streaming")), class_map=options.get("class_map"))
     return _array_source(spec, options)
 
 

@@ -104,8 +104,8 @@ def _pattern_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(prefix + "".join(out))
 
 
-def list_files(top: str | Path, keep: Callable[[str], bool],
-               max_entries: int = MAX_WALK_ENTRIES) -> list[str]:
+def list_files(top: str | Path, keep: Callable[[str], bool], max_entries: int = MAX_WALK_ENTRIES,
+               folders: list[str] | None = None) -> list[str]:
     """The names (relative to `top`, '/'-separated) of the files under `top` that `keep` accepts, in
     `regular_files`' order, listed with `os.scandir` and without one `os.stat` per file: the folder entries'
     own types decide (a FIFO or socket is left out, a symlink is listed and checked when it is read, as every
@@ -131,5 +131,7 @@ def list_files(top: str | Path, keep: Callable[[str], bool],
             elif (entry.is_file(follow_symlinks=False) or entry.is_symlink()) and keep(entry.name):
                 files.append(name)
         found.append((rel, sorted(files)))
+        if folders is not None:
+            folders.append(rel)
     # torchvision's order: sorted(os.walk(...)) sorts the folders by their paths, then each folder's names
     return [name for _, files in sorted(found, key=lambda item: os.path.join(top, item[0])) for name in files]

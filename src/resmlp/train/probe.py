@@ -143,7 +143,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
             print(f"fitting the linear probe on {len(train_x)} features of {train_x.shape[1]} dimensions ...",
                   file=sys.stderr, flush=True)
         key, top1 = "linear_top1", linear_probe_accuracy(*(t.cpu().numpy() for t in split_features))
-    summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": data,
+    summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": spec.kind,
                "train_images": len(split_features[1]), "test_images": len(split_features[3]),
                "feature_dim": int(split_features[0].shape[1]), "wall_seconds": round(time.perf_counter() - start, 1),
                "precision": precision, "host": host_info(precision)}

@@ -25,9 +25,9 @@ from torch.utils.data import DataLoader
 
 from resmlp import reporting
 from resmlp.checkpoint import save
-from resmlp.data import ResumableSampler, SeededDataset, collate_skipping
 from resmlp.data.assemble import build_data
 from resmlp.data.batch_augment import array_batches
+from resmlp.data.loaders import epoch_sampler, train_loader
 from resmlp.data.prefetch import DevicePrefetcher
 from resmlp.models.fused_block import set_fused_training
 from resmlp.runtime import (
@@ -74,7 +74,7 @@ class Trainer:
         torch.manual_seed(t.seed)  # model initialisation
 
         in_chans, img_size = cfg.input_shape()
-        self.data = build_data(cfg.data, in_chans, img_size, t.seed, task.train_transform())
+        self.data = build_data(cfg.data, in_chans, img_size, t.seed, task.train_transform(), out)
         num_classes = len(self.data.class_names)
         if "num_classes" in cfg.model and cfg.model["num_classes"] != num_classes:
             raise ValueError(f"model.num_classes={cfg.model['num_classes']} but the dataset has {num_classes} "
@@ -83,7 +83,8 @@ class Trainer:
         set_fused_training(self.model, t.fused_step)
         if t.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.sampler = ResumableSampler(self.data.train, t.seed, info.world_size, info.rank, cfg.data.repeated_aug)
+        self.sampler = epoch_sampler(self.data.train, t.seed, info.world_size, info.rank, cfg.data.repeated_aug,
+                                     self.micro_batch, cfg.data.num_workers)
         self.steps_per_epoch = len(self.sampler) // (self.micro_batch * t.grad_accum)
         if self.steps_per_epoch == 0:
             raise ValueError(f"the training set ({len(self.data.train)} images) is smaller than one global "
@@ -238,10 +239,8 @@ class Trainer:
         else:
             if self._loader is None:
                 workers = self.cfg.data.num_workers
-                self._loader = DataLoader(SeededDataset(self.data.train), batch_size=self.micro_batch,
-                                          sampler=self.sampler, num_workers=workers, collate_fn=collate_skipping,
-                                          drop_last=True, pin_memory=is_accelerator(device),
-                                          persistent_workers=workers > 0)
+                self._loader = train_loader(self.data.train, self.sampler, self.micro_batch, workers,
+                                            is_accelerator(device))
             batches = self._loader
         return DevicePrefetcher(batches, device, t.channels_last)
 

@@ -25,14 +25,9 @@ from resmlp.complexity import dino_memory_bytes, evaluation_memory_bytes, traini
 from resmlp.errors import ConfigError
 from resmlp.preprocess import INTERPOLATIONS
 from resmlp.runtime import DEVICE_NAME, training_device_memory_bytes
+from resmlp.train import value_checks
 from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
-from resmlp.train.value_checks import (
-    check_augmentation,
-    check_keys_are_strings,
-    check_source,
-    check_teacher,
-    input_shape,
-)
+from resmlp.train.value_checks import check_augmentation, check_keys_are_strings, check_teacher, input_shape
 
 # the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
 # memory runs out, or a zero would fail deep inside the run. The model's sizes are bounded by ResMLPConfig itself.
@@ -264,7 +259,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
             errors.append(msg)
 
     errors += _check_model(cfg)
-    errors += check_source(d)
+    errors += value_checks.check_source(d)
     need((d.mean is None) == (d.std is None), "data.mean and data.std go together: set both or neither")
     need(0 < d.crop_pct <= 1, f"data.crop_pct must be in (0, 1], got {d.crop_pct}")
     need(len(d.scale) == 2 and 0 < d.scale[0] <= d.scale[1] <= 1, f"data.scale: [min, max] in (0, 1], got {d.scale}")

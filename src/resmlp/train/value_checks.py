@@ -79,7 +79,17 @@ def check_augmentation(d: Any) -> list[str]:
 
 
 def check_source(d: Any) -> list[str]:
-    """data.source in the grammar, or the older data.kind + data.dir, naming something that exists."""
+    """data.source in the grammar, or the older data.kind + data.dir, naming something that exists; the
+    sources' own keys (class_map, epoch_length)."""
+    errors = []
+    if d.class_map is not None and not Path(d.class_map).is_file():
+        errors.append(f"data.class_map: {d.class_map} does not exist or is not a file")
+    if d.epoch_length is not None and not 0 < d.epoch_length <= 10**10:
+        errors.append(f"data.epoch_length: training records per epoch, from 1 to 1e10, got {d.epoch_length}")
+    return errors + _source_errors(d)
+
+
+def _source_errors(d: Any) -> list[str]:
     if d.source is not None:
         if d.dir is not None:
             return [f"data.source={d.source} and data.dir={d.dir}: name the data once, in data.source (--data)"]
