@@ -19,8 +19,8 @@ device tool limited to 10 minutes each):
 - `raw-step`: the raw training step, ours vs timm, eager and compiled, batch 128 and 256 (bf16);
 - `inference`: resmlp.inference.optimize vs timm, bf16, batch 32 and 256, eager and compiled, with the share of
   the measured bf16 matrix peak (benchmarks/inference.py);
-- `pipeline`: the authors' recipe (`--recipe deit`) on a generated JPEG folder vs timm's parts
-  (benchmarks/train_pipeline.py).
+- `pipeline`: the authors' recipe (`--recipe deit`) on a generated JPEG folder, data.pipeline device and timm,
+  vs timm's parts (benchmarks/train_pipeline.py); against the raw compiled step of `trainer-vs-raw`.
 
 Writes OUT/gpu_report.json (every part: command, seconds, exit status, parsed numbers, error) and
 OUT/gpu_report.md (device, driver, torch and package versions, one table per part).
@@ -187,6 +187,8 @@ def part_pipeline(args, work: Path) -> dict[str, object]:
     made = run(python("benchmarks/train_pipeline.py", "--make-folder", str(folder), "--images", images), args.timeout)
     cmd = python("benchmarks/train_pipeline.py", "--folder", str(folder), "--device", args.device, "--epochs", epochs,
                  "--batch", batch, "--workers", workers, "--json", str(path))
+    # the recipe's own pipeline (device) and the timm reference; the dry run only the recipe's, to stay short
+    cmd += ["--pipelines", "device"] + ([] if args.tiny else ["timm"])
     result = run(cmd + ([] if args.tiny else ["--profile"]), args.timeout)
     return {**result, "exit": made["exit"] or result["exit"], "make_folder": made, "results": load_json(path)}
 

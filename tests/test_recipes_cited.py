@@ -156,7 +156,7 @@ CITED["dino-imagenet"] = {
 }
 # keys that are not hyper-parameters of the method (where the data is, how many loader workers, how often to save,
 # the preset a fine-tuning run replaces by its checkpoint) or that are off and not stated (EMA): no citation needed
-UNCITED = {"model.name", "data.kind", "data.num_workers", "train.checkpoint_every_steps", "train.ema",
+UNCITED = {"model.name", "data.kind", "data.num_workers", "data.pipeline", "train.checkpoint_every_steps", "train.ema",
            "train.ema_decay"}
 
 

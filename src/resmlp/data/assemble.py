@@ -4,9 +4,11 @@ The run's source (resmlp.data.sources, named by data.source or data.kind + data.
 splits are decided in one place (resmlp.data.splits: model selection never looks at the test set); here they
 are decoded with the run's transforms.
 
-Two data paths (docs/training.md): in-memory datasets (Fashion-MNIST, CIFAR, synthetic) without RandAugment
-or colour jitter are augmented in whole batches in the training process (resmlp.data.batch_augment); all
-others go through timm's per-image transform in DataLoader workers.
+Data paths (docs/training.md): in-memory datasets (Fashion-MNIST, CIFAR, synthetic) without RandAugment or
+colour jitter are augmented in whole batches in the training process (resmlp.data.batch_augment); with
+data.pipeline=device, encoded images are decoded and augmented in whole batches where the model runs, and
+in-memory ones with RandAugment augmented there (resmlp.data.device_pipeline); all others go through timm's
+per-image transform in DataLoader workers.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from resmlp.data import ArrayDataset, PixelPermutation, dataset_stats, with_permutation
 from resmlp.data.batch_augment import BatchAugment
+from resmlp.data.decode import EncodedDataset
 from resmlp.data.decoded import decoded
+from resmlp.data.device_augment import DeviceAugment, PerImageOnDevice
+from resmlp.data.device_pipeline import DevicePipeline
 from resmlp.data.folder import class_folder_records
-from resmlp.data.sources import Source, SourceSpec, open_source, spec_from_config
+from resmlp.data.sources import MapRecords, Source, SourceSpec, open_source, spec_from_config
 from resmlp.data.splits import decide_splits
 from resmlp.preprocess import Preprocess
 
@@ -40,6 +45,12 @@ class RunData:
     train_augment: BatchAugment | None = None  # set: train is an ArrayDataset augmented batch by batch
     val_batched: BatchAugment | None = None  # set: val is an ArrayDataset preprocessed batch by batch
     test_batched: BatchAugment | None = None
+    train_pipeline: DevicePipeline | None = None  # set: train is an EncodedDataset decoded on the device
+    pipeline: str = "timm"  # the training data path, for summary.json
+
+    def pipeline_summary(self) -> dict[str, Any]:
+        """How the training images were decoded and augmented (summary.json's data_pipeline)."""
+        return self.train_pipeline.summary() if self.train_pipeline is not None else {"name": self.pipeline}
 
 
 def run_spec(d: DataConfig) -> SourceSpec:
@@ -89,15 +100,28 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
     train_eval = decoded(splits.train, in_chans, eval_tf)  # the same records: no second read or listing
     permutation = (PixelPermutation(d.permute, img_size, d.permute_patch, d.permute_seed)
                    if d.permute != "none" else None)
-    augment = val_batched = test_batched = None
+    augment = val_batched = test_batched = pipeline = None
     if (d.batch_augment and train_transform is None and isinstance(train, ArrayDataset)
             and not d.auto_augment and not d.color_jitter):
         augment = BatchAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip, d.reprob,
                                d.interpolation, after=permutation)
+    elif d.pipeline == "device":
+        device_augment = (PerImageOnDevice(train_transform(pre, tensors=True), in_chans, pre.mean, pre.std)
+                          if train_transform else
+                          DeviceAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip,
+                                        d.auto_augment, d.reprob, d.interpolation, after=permutation))
+        if isinstance(train, ArrayDataset):
+            augment = device_augment  # array_batches hands it device-resident uint8 batches
+        elif isinstance(splits.train, MapRecords):
+            pipeline = DevicePipeline(device_augment, EncodedDataset(splits.train, in_chans), in_chans)
+        else:
+            raise ValueError("data.pipeline=device reads map-style sources (folders, in-memory, Hugging Face "
+                             "datasets on disk), not streamed ones; set data.pipeline=timm")
     # evaluation is batched wherever it is exact, whatever the training augmentation (DINO's multi-crop too)
     if d.batch_augment and isinstance(val, ArrayDataset):
         val_batched = pre.batched_eval(*val.images.shape[1:3], after=permutation)
         test_batched = (pre.batched_eval(*test.images.shape[1:3], after=permutation)
                         if isinstance(test, ArrayDataset) else None)
     return RunData(train, val, test, train_eval, list(splits.train.class_names), pre, splits.validation, augment,
-                   val_batched, test_batched)
+                   val_batched, test_batched, pipeline, "device" if pipeline or isinstance(
+                       augment, (DeviceAugment, PerImageOnDevice)) else "batched" if augment is not None else "timm")

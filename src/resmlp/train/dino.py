@@ -152,13 +152,16 @@ class MultiCropTransform:
 
     def __init__(self, img_size: int, mean: tuple[float, ...], std: tuple[float, ...], num_local: int = 4,
                  global_scale: tuple[float, float] = (0.4, 1.0), local_scale: tuple[float, float] = (0.05, 0.4),
-                 local_size: int | None = None, grayscale: bool = False) -> None:
+                 local_size: int | None = None, grayscale: bool = False, tensors: bool = False) -> None:
         local_size = local_size or max(img_size * 3 // 7, 8)
         # Grayscale images keep DINO's brightness and contrast jitter: without any photometric change two
         # crops of one image share its intensity histogram, a shortcut that matches views without shape.
         jitter = T.ColorJitter(0.4, 0.4) if grayscale else T.ColorJitter(0.4, 0.4, 0.2, 0.1)
         color = [T.RandomApply([jitter], p=0.8)] + ([] if grayscale else [T.RandomGrayscale(p=0.2)])
-        finish = [T.ToTensor(), T.Normalize(mean, std)]
+        # tensors: the same torchvision transforms on decoded uint8 tensors where they are (data.pipeline device),
+        # normalised by the caller (resmlp.data.device_augment.PerImageOnDevice): torchvision's Normalize copies
+        # its statistics to the device and reads back a zero check on every call
+        finish = [T.ConvertImageDtype(torch.float32)] if tensors else [T.ToTensor(), T.Normalize(mean, std)]
         flip = T.RandomHorizontalFlip()
         blur = DINOGaussianBlur(0.1, 2.0)  # DINO's utils.GaussianBlur radius range
         self.global_views = [  # DINO's two global views: blurred always / rarely, the second solarised at 0.2
@@ -192,8 +195,9 @@ class DINOTask(SupervisedTask):
     # -------------------------------------------------------------------------------- model and loss
     def train_transform(self):
         d = self.cfg.dino
-        return lambda pre: MultiCropTransform(pre.img_size, pre.mean, pre.std, d.num_local, tuple(d.global_scale),
-                                              tuple(d.local_scale), d.local_size, grayscale=pre.in_chans == 1)
+        return lambda pre, tensors=False: MultiCropTransform(
+            pre.img_size, pre.mean, pre.std, d.num_local, tuple(d.global_scale), tuple(d.local_scale), d.local_size,
+            grayscale=pre.in_chans == 1, tensors=tensors)
 
     def build_model(self, trainer: TrainerView, num_classes: int) -> nn.Module:
         backbone = super().build_model(trainer, num_classes)

@@ -235,12 +235,13 @@ class Trainer:
         if self.data.train_augment is not None:
             batches = array_batches(self.data.train, self.sampler, self.micro_batch, self.data.train_augment,
                                     device=device if is_accelerator(device) else None)
-        else:
+        else:  # a DataLoader; data.pipeline=device: its workers read, the batch is decoded where the model is
+            pipeline, workers = self.data.train_pipeline, data_workers(self.cfg.data.num_workers)  # usable cores
             if self._loader is None:
-                workers = data_workers(self.cfg.data.num_workers)  # capped by the usable cores
-                self._loader = train_loader(self.data.train, self.sampler, self.micro_batch, workers,
-                                            is_accelerator(device))
-            batches = self._loader
+                self._loader = (pipeline.loader(self.sampler, self.micro_batch, workers, device) if pipeline else
+                                train_loader(self.data.train, self.sampler, self.micro_batch, workers,
+                                             is_accelerator(device)))
+            batches = pipeline.batches(self._loader) if pipeline else self._loader
         return DevicePrefetcher(batches, device, t.channels_last)
 
     def _progress_bar(self):

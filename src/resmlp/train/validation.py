@@ -25,7 +25,7 @@ from resmlp.preprocess import INTERPOLATIONS
 from resmlp.runtime import DEVICE_NAME
 from resmlp.train import memory, value_checks
 from resmlp.train.sections import CLIP_MODES, SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
-from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
+from resmlp.train.value_checks import check_augmentation, check_keys_are_strings, check_teacher, input_shape
 
 # the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
 # memory runs out, or a zero would fail deep inside the run. The model's sizes are bounded by ResMLPConfig itself.
@@ -259,8 +259,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
         need(len(d.mean) == len(d.std) and len(d.mean) in (1, 3, input_shape(cfg)[0]),
              f"data.mean and data.std: as many values, 1, 3 or the model's channels, got {d.mean} and {d.std}")
         need(all(v > 0 for v in d.std), f"data.std: every value must be > 0 (images are divided by it), got {d.std}")
-    if d.auto_augment is not None:
-        errors += check_auto_augment(d.auto_augment)
+    errors += check_augmentation(d)
     need(o.name in ("lamb", "sgd", "adamw"), f"optim.name: {o.name!r} is not one of lamb, sgd, adamw")
     need(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
     need(o.reference_batch is None or o.reference_batch > 0, "optim.reference_batch must be > 0 or null")

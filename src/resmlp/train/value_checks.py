@@ -87,6 +87,28 @@ def once_per_key(range_errors: list[str], value_errors: list[str]) -> list[str]:
     return [e for e in value_errors if key(e) not in named]
 
 
+def check_augmentation(d: Any) -> list[str]:
+    """data.auto_augment (timm's parse) and data.pipeline: device or timm, device only where it runs every
+    training op the data section asks for."""
+    if d.auto_augment is not None and (errors := check_auto_augment(d.auto_augment)):
+        return errors
+    hint = "; set data.pipeline=timm (timm's per-image transform)"
+    if d.pipeline not in ("device", "timm"):
+        return [f"data.pipeline: {d.pipeline!r} is not one of device, timm"]
+    if d.pipeline == "timm":
+        return []
+    if d.color_jitter > 0 and not d.auto_augment:  # timm turns colour jitter off under RandAugment
+        return [f"data.pipeline=device does not run data.color_jitter={d.color_jitter}{hint}"]
+    if d.auto_augment:
+        from resmlp.data.rand_augment import parse_rand_augment
+
+        try:
+            parse_rand_augment(d.auto_augment)
+        except ValueError as e:
+            return [f"data.auto_augment: {e}"]
+    return []
+
+
 def check_source(d: Any) -> list[str]:
     """data.source in the grammar, or the older data.kind + data.dir, naming something that exists; the
     sources' own keys (class_map, epoch_length)."""
