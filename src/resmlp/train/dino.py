@@ -35,6 +35,7 @@ from PIL import Image, ImageFilter
 from timm.utils import ModelEmaV3
 from torch import nn
 from torchvision import transforms as T
+from torchvision.transforms import functional as TF
 
 from resmlp import reporting
 from resmlp.data import ArrayDataset
@@ -142,8 +143,11 @@ class DINOGaussianBlur:
     def __init__(self, radius_min: float = 0.1, radius_max: float = 2.0) -> None:
         self.radius_min, self.radius_max = radius_min, radius_max
 
-    def __call__(self, image: Image.Image) -> Image.Image:
+    def __call__(self, image: Image.Image | torch.Tensor) -> Image.Image | torch.Tensor:
         radius = self.radius_min + (self.radius_max - self.radius_min) * float(torch.rand(()))
+        if isinstance(image, torch.Tensor):  # data.pipeline=device: a decoded uint8 image where it lies
+            size = 2 * math.ceil(3 * radius) + 1  # a kernel out to 3 sigma: PIL's also covers the whole radius
+            return TF.gaussian_blur(image, [size, size], [radius, radius])
         return image.filter(ImageFilter.GaussianBlur(radius=radius))
 
 
