@@ -986,7 +986,7 @@ for _label, _bad, _words in (
                       "--eval-every", "2", "--beam", "1", "--threads", "1", "--output", str(d / "o"))
         if words:
             return clean_cli_failure(rc, err, words)
-        warned = [line for line in err.splitlines() if "truncat" in line]
+        warned = [line for line in err.splitlines() if "dropped" in line]  # the over-long pair, as fairseq
         return "Traceback" not in err and rc == 0 and bool(warned), f"exit {rc}: {(warned or ['no warning'])[0][:150]}"
 
 
@@ -1154,6 +1154,148 @@ for _flag, _value in (("--eval-every", "0"), ("--layerscale-init", "nan"), ("--m
     def _(d: Path, flag=_flag, value=_value):
         return clean_cli_failure(*cli("translate", "train", "--task", "numbers-en-de", "--output", str(d / "o"),
                                       flag, value), flag)
+
+# ------------------------------------------------------------------------------------------ issue 44t: translation
+# ------------------------------------------------------------------------------------------ and gpu_report --merge
+# (issue 44's T7 resume options, T8 corpus text, T9 the documented WMT pairing, T10 a broken sacremoses, T12
+# gpu_report --merge; the image side's cases of issue 44 are another group)
+def _resume_output_alone(run: Path, *extra: str) -> tuple[int, str]:
+    """`translate train --output RUN --resume ...` without --task/--data: before, every option flag was dropped."""
+    return cli("translate", "train", "--output", str(run), "--resume", "--no-progress", *extra)
+
+
+for _flag, _value, _old in (("--dropout", "0.3", "0.1"), ("--dim", "64", "32"), ("--seed", "5", "0"),
+                            ("--lr", "0.5", "0.2"), ("--recipe", "wmt14-en-de", "'tiny'"),
+                            ("--vocab-size", "90", "60"), ("--label-smoothing", "0.2", "0.1"),
+                            ("--arch", "transformer", "'resmlp'"), ("--max-tokens", "100", "256"),
+                            ("--optimizer", "adam", "'adagrad'")):
+    @case(f"T7 `resmlp translate train --output RUN --resume {_flag} {_value}` (no --data)")
+    def _(d: Path, flag=_flag, value=_value, old=_old):
+        run = _translation_run(d)
+        before = (run / "checkpoint.pt").read_bytes()
+        ok, how = clean_cli_failure(*_resume_output_alone(run, "--max-steps", "3", flag, value), f"was {old}")
+        return ok and (run / "checkpoint.pt").read_bytes() == before, how
+
+
+@case("T8 `resmlp translate eval --src --ref` on a 3-sentence test set with old-Mac (CR) line ends")
+def _(d: Path):
+    run = _translation_run(d)
+    (d / "t.en").write_bytes(b"en 1 1\ren 2 2\ren 3 3\r")
+    (d / "t.fr").write_bytes(b"fr 1 1\rfr 2 2\rfr 3 3\r")
+    return clean_cli_failure(*cli("translate", "eval", str(run), "--beam", "1", "--src", str(d / "t.en"),
+                                  "--ref", str(d / "t.fr")), "carriage return")
+
+
+for _label, _line in (("U+200B", "\u200b"), ("U+FEFF", "\ufeff"), ("U+2060 and U+200C", "\u2060\u200c")):
+    @case(f"T8 `resmlp translate train` on a corpus with a line of only {_label}")
+    def _(d: Path, line=_line):
+        data = _corpus(d / "c", {"valid.en": f"en 1 1\n{line}\n".encode() + b"en 3 3\n" * 8})
+        return clean_cli_failure(*cli("translate", "train", "--data", str(data), *_TRANSLATION_TRAIN, "--output",
+                                      str(d / "o")), "empty line")
+
+
+@case("T8 a BOM before the first reference of `translate eval --ref` (and the first source)")
+def _(d: Path):
+    from resmlp.seq2seq.data import read_parallel
+
+    (d / "t.en").write_bytes("\ufeffone\ntwo\n".encode())
+    (d / "t.fr").write_bytes("\ufeffun\r\ndeux\r\n".encode())
+    pairs = read_parallel(d / "t.en", d / "t.fr")
+    return pairs == (["one", "two"], ["un", "deux"]), f"read {pairs}"
+
+
+@case("T9 the WMT pairing of docs/translation.md on corpora of 30 and 29 lines")
+def _(d: Path):
+    import re
+
+    doc = (Path(SRC).parent / "docs" / "translation.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"^```bash\n(.*?)^```", doc, re.S | re.M) if "paste corpus.en" in b)
+    (d / "DIR").mkdir()
+    (d / "corpus.en").write_text("".join(f"s{i}\n" for i in range(30)))
+    (d / "corpus.de").write_text("".join(f"t{i}\n" for i in range(30) if i != 5))
+    done = subprocess.run(["bash", "-c", block], cwd=d, capture_output=True, text=True, timeout=60)
+    written = sorted(p.name for p in (d / "DIR").iterdir())
+    return done.returncode != 0 and not written, f"exit {done.returncode}: {done.stderr.strip()[:150]}; wrote {written}"
+
+
+@case("T10 a broken sacremoses install (raises on import) under `resmlp translate eval`")
+def _(d: Path):
+    run = _translation_run(d)
+    (d / "site" / "sacremoses").mkdir(parents=True)
+    (d / "site" / "sacremoses" / "__init__.py").write_text("raise RuntimeError('half-upgraded')\n")
+    return clean_cli_failure(*cli("translate", "eval", str(run), "--beam", "1",
+                                  env={"PYTHONPATH": f"{d / 'site'}{os.pathsep}{SRC}"}), "sacremoses")
+
+
+_REPORT = Path(SRC).parent / "docs" / "gpu" / "report-2026-11-25.json"  # a real report (the H100 run)
+
+
+def _merge(*paths: Path, out: Path) -> tuple[int, str]:
+    """gpu_report.py --merge in a subprocess: 1 GiB of address space, 60 s (a FIFO hung it; /dev/zero ran out of
+    memory)."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    cmd = [sys.executable, str(Path(SRC).parent / "benchmarks" / "gpu_report.py"), "--merge", *map(str, paths),
+           "--out", str(out)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, preexec_fn=limit,
+                              env={**os.environ, "PYTHONPATH": SRC})
+    except subprocess.TimeoutExpired:
+        return -1, "hung for 60 s"
+    return proc.returncode, proc.stderr.strip()
+
+
+for _link in ("symlink", "hard link"):
+    @case(f"T12 `gpu_report.py --merge` with a {_link} planted at OUT/gpu_report.json.tmp")
+    def _(d: Path, link=_link):
+        victim, out = d / "victim.txt", d / "out"
+        victim.write_text("precious\n")
+        out.mkdir()
+        (os.symlink if link == "symlink" else os.link)(victim, out / "gpu_report.json.tmp")
+        rc, err = _merge(_REPORT, out=out)
+        intact = victim.read_text() == "precious\n"
+        return rc == 0 and intact, f"exit {rc}, victim intact: {intact}"
+
+
+for _label, _text, _words in (
+        ("an exit status 'maybe'", lambda r: r["parts"]["guard"].update(exit="maybe"), "parts.guard.exit"),
+        ("a negative img/s", lambda r: r["parts"]["raw-step"]["batch128"]["img_s"].update(ours=-5),
+         "img_s.ours"),
+        ("a guard row without plain_ms", lambda r: r["parts"]["guard"]["results"][0].pop("plain_ms"), "plain_ms"),
+        ("summary a list", lambda r: r["parts"]["quickstart"].update(summary=[1]), "summary")):
+    @case(f"T12 `gpu_report.py --merge` of a report with {_label}")
+    def _(d: Path, edit=_text, words=_words):
+        report = json.loads(_REPORT.read_text())
+        edit(report)
+        (d / "r.json").write_text(json.dumps(report))
+        ok, how = clean_cli_failure(*_merge(d / "r.json", out=d / "out"), words)
+        return ok and not (d / "out").exists(), how
+
+
+for _label, _text in (("NaN", '{"machines": [], "parts": {"guard": {"exit": 0, "seconds": NaN}}}'),
+                      ("1e999", '{"machines": [], "parts": {"guard": {"exit": 0, "seconds": 1e999}}}'),
+                      ("nesting 100000 deep", "[" * 100_000 + "]" * 100_000)):
+    @case(f"T12 `gpu_report.py --merge` of a report holding {_label}")
+    def _(d: Path, text=_text):
+        (d / "r.json").write_text(text)
+        return clean_cli_failure(*_merge(d / "r.json", out=d / "out"), "not a gpu_report.json")
+
+
+@case("T12 `gpu_report.py --merge` of a FIFO and of /dev/zero")
+def _(d: Path):
+    os.mkfifo(d / "fifo.json")
+    results = [clean_cli_failure(*_merge(path, out=d / "out"), "not a regular file")
+               for path in (d / "fifo.json", Path("/dev/zero"))]
+    return all(ok for ok, _ in results), "; ".join(how for _, how in results)
+
+
+@case("T12 `gpu_report.py --merge` of two reports holding the same part")
+def _(d: Path):
+    return clean_cli_failure(*_merge(_REPORT, _REPORT, out=d / "out"), "is also in")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -19,8 +19,8 @@ device tool limited to 10 minutes each):
 - `raw-step`: the raw training step, ours vs timm, eager and compiled, batch 128 and 256 (bf16);
 - `inference`: resmlp.inference.optimize vs timm, bf16, batch 32 and 256, eager and compiled, with the share of
   the measured bf16 matrix peak (benchmarks/inference.py);
-- `pipeline`: the authors' recipe (`--recipe deit`) on a generated JPEG folder vs timm's parts
-  (benchmarks/train_pipeline.py).
+- `pipeline`: the authors' recipe (`--recipe deit`) on a generated JPEG folder, data.pipeline device and timm,
+  vs timm's parts (benchmarks/train_pipeline.py); against the raw compiled step of `trainer-vs-raw`.
 
 Writes OUT/gpu_report.json (every part: command, seconds, exit status, parsed numbers, error) and
 OUT/gpu_report.md (device, driver, torch and package versions, one table per part).
@@ -31,15 +31,21 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import platform
 import re
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's resmlp, as the parts' subprocesses get (PYTHONPATH)
+from resmlp.fileio import atomic_write  # noqa: E402 (needs the line above)
+
 PARTS = ("cuda-tests", "suite", "quickstart", "guard", "trainer-vs-raw", "raw-step", "inference", "pipeline")
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
@@ -181,6 +187,8 @@ def part_pipeline(args, work: Path) -> dict[str, object]:
     made = run(python("benchmarks/train_pipeline.py", "--make-folder", str(folder), "--images", images), args.timeout)
     cmd = python("benchmarks/train_pipeline.py", "--folder", str(folder), "--device", args.device, "--epochs", epochs,
                  "--batch", batch, "--workers", workers, "--json", str(path))
+    # the recipe's own pipeline (device) and the timm reference; the dry run only the recipe's, to stay short
+    cmd += ["--pipelines", "device"] + ([] if args.tiny else ["timm"])
     result = run(cmd + ([] if args.tiny else ["--profile"]), args.timeout)
     return {**result, "exit": made["exit"] or result["exit"], "make_folder": made, "results": load_json(path)}
 
@@ -250,8 +258,9 @@ def part_lines(name: str, part: dict[str, object]) -> list[str]:
     if name in ("cuda-tests", "suite"):
         out = [f"counts: {part.get('counts')}"]
         return out + [f"- failed: `{f}`" for f in part.get("failed") or []] + [""]
-    if name == "quickstart":
-        return ["| key | value |", "|---|---|"] + [f"| {k} | {fmt(v)} |" for k, v in part["summary"].items()] + [""]
+    if name == "quickstart":  # a part that raised has its error only
+        summary = part.get("summary") or {}
+        return ["| key | value |", "|---|---|"] + [f"| {k} | {fmt(v)} |" for k, v in summary.items()] + [""]
     if name == "guard":
         rows = part.get("results") or []
         head = ["| optimizer | plain ms | guarded ms | guarded/plain | copy MiB | params MiB | "
@@ -260,10 +269,11 @@ def part_lines(name: str, part: dict[str, object]) -> list[str]:
         return head + [f"| {r['optimizer']} | {fmt(r['plain_ms'])} | {fmt(r['guarded_ms'])} | "
                        f"{fmt(r['guarded_over_plain'])} | {fmt(r['guard_copy_mib'])} | {fmt(r['parameter_mib'])} | "
                        f"{fmt(r['peak_mib_plain'])}→{fmt(r['peak_mib_guarded'])} |" for r in rows] + [""]
-    if name == "trainer-vs-raw":
+    if name == "trainer-vs-raw" and "trainer" in part:
         return [f"`{part['trainer']['command']}`", "",
-                f"trainer {fmt(part['trainer_img_s_last_epoch'])} img/s (last epoch); raw compiled step "
-                f"{fmt(part['raw_compiled_img_s'])} img/s; trainer/raw **{fmt(part['trainer_over_raw'])}**", ""]
+                f"trainer {fmt(part.get('trainer_img_s_last_epoch'))} img/s (last epoch); raw compiled step "
+                f"{fmt(part.get('raw_compiled_img_s'))} img/s; trainer/raw **{fmt(part.get('trainer_over_raw'))}**",
+                ""]
     if name == "raw-step":
         out = []
         for key, sub in part.items():
@@ -280,13 +290,181 @@ def part_lines(name: str, part: dict[str, object]) -> list[str]:
 
 
 def write_report(report: dict[str, object], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    """Both files through the project's atomic writer: a fresh temporary of a random name, renamed over the
+    target, so a symlink or hard link planted at a name in OUT is replaced, never written through."""
     texts = {"gpu_report.json": json.dumps(report, indent=2), "gpu_report.md": markdown(report)}
     for name, text in texts.items():
-        path = out / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        atomic_write(out / name, lambda tmp, text=text: tmp.write_text(text))
+
+
+# ------------------------------------------------------------------------------------------ reading reports
+# what --merge reads is untrusted (a report of another tool, one cut short or edited): it is read from a regular
+# file only (a FIFO would wait for a writer for ever, /dev/zero never ends), at most MAX_REPORT_BYTES, as strict
+# JSON, and every record must have the type and range that `markdown` reads; else one line naming the record.
+MAX_REPORT_BYTES = 16 << 20  # a report holds 3,000 characters of output per subprocess: tens of kB
+MAX_DEPTH = 16  # the inference and pipeline results, the deepest records, are nested 5 levels
+MAX_VALUE = 1e12  # seconds, counts, img/s, ms, MiB, ratios: every real one is far below
+EXITS = ("timeout", "error", "not run")  # besides a process's exit status (negative: the signal that ended it)
+Check = Callable[[object, str], None]
+
+
+class BadReport(ValueError):
+    """A --merge input that is not a gpu_report.json; the message names the record."""
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number(none: bool = False) -> Check:
+    def check(value: object, where: str) -> None:
+        if none and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_VALUE:
+            raise BadReport(f"{where} is {_show(value)}, not a number from 0 to {MAX_VALUE:g}")
+    return check
+
+
+def _text(value: object, where: str) -> None:
+    if not isinstance(value, str):
+        raise BadReport(f"{where} is {_show(value)}, not a string")
+
+
+def _scalar(value: object, where: str) -> None:
+    if not isinstance(value, (str, int, float, bool, type(None))):
+        raise BadReport(f"{where} is a {type(value).__name__}, not a string or number")
+
+
+def _exit(value: object, where: str) -> None:
+    if not (value in EXITS if isinstance(value, str) else type(value) is int and -255 <= value <= 255):
+        raise BadReport(f"{where} is {_show(value)}, not an exit status (-255 to 255, {', '.join(EXITS)})")
+
+
+def _any(value: object, where: str) -> None:
+    """Any JSON (the inference and pipeline results, shown as they are): checked by `_check_tree` alone."""
+
+
+def _list(item: Check) -> Check:
+    def check(value: object, where: str) -> None:
+        if not isinstance(value, list):
+            raise BadReport(f"{where} is {_show(value)}, not a list")
+        for i, entry in enumerate(value):
+            item(entry, f"{where}[{i}]")
+    return check
+
+
+def _mapping(item: Check) -> Check:
+    def check(value: object, where: str) -> None:
+        if not isinstance(value, dict):
+            raise BadReport(f"{where} is {_show(value)}, not an object")
+        for key, entry in value.items():
+            item(entry, f"{where}.{key}")
+    return check
+
+
+def _record(fields: dict[str, Check], required: tuple[str, ...] = (), others: Check | None = None) -> Check:
+    """An object of these fields (the `required` ones present); other keys are refused, or checked by `others`."""
+    def check(value: object, where: str) -> None:
+        if not isinstance(value, dict):
+            raise BadReport(f"{where} is {_show(value)}, not an object")
+        missing = [key for key in required if key not in value]
+        if missing:
+            raise BadReport(f"{where} has no {', '.join(missing)}")
+        for key, entry in value.items():
+            field = fields.get(key, others)
+            if field is None:
+                raise BadReport(f"{where}.{key}: not a record of gpu_report.py")
+            field(entry, f"{where}.{key}")
+    return check
+
+
+RUN = {"command": _text, "exit": _exit, "seconds": _number(), "output_tail": _text}
+GUARD_ROW = _record({"optimizer": _text, "precision": _text, **dict.fromkeys(
+    ("plain_ms", "guarded_ms", "guarded_over_plain", "ratio_min", "ratio_max", "parameter_mib", "guard_copy_mib",
+     "peak_mib_plain", "peak_mib_guarded"), _number(none=True))},
+    required=("optimizer", "plain_ms", "guarded_ms", "guarded_over_plain", "guard_copy_mib", "parameter_mib",
+              "peak_mib_plain", "peak_mib_guarded"))
+PART_FIELDS = {**RUN, "error": _text, "skipped": _text, "counts": _mapping(_number()), "failed": _list(_text),
+               "summary": _mapping(_any), "results": _any, "trainer": _record(RUN, ("command",)),
+               "raw_step": _record(RUN, ("command",)), "make_folder": _record(RUN, ("command",)),
+               **dict.fromkeys(("trainer_img_s_last_epoch", "raw_compiled_img_s", "trainer_over_raw"),
+                               _number(none=True))}
+BATCH = _record({**RUN, "ratios": _mapping(_number()), "img_s": _mapping(_number())}, ("command", "ratios", "img_s"))
+
+
+def _check_part(name: str, part: object, where: str) -> None:
+    fields = {**PART_FIELDS, "results": _list(GUARD_ROW)} if name == "guard" else PART_FIELDS
+    if isinstance(part, dict):  # raw-step's records per batch size: batch128...
+        fields = {**fields, **{key: BATCH for key in part if re.fullmatch(r"batch\d{1,5}", str(key))}}
+    _record(fields, ("exit",))(part, where)
+
+
+def _check_tree(value: object) -> None:
+    """Nested at most MAX_DEPTH levels, every float finite (JSON's 1e999 reads as infinity); without recursion."""
+    todo = [(value, 1, "report")]
+    while todo:
+        item, depth, where = todo.pop()
+        if depth > MAX_DEPTH:
+            raise BadReport(f"{where} is nested more than {MAX_DEPTH} levels deep")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise BadReport(f"{where} is {item}, not a finite number")
+        children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        todo += [(child, depth + 1, f"{where}.{key}") for key, child in children]
+
+
+def _refuse_constant(name: str) -> object:
+    raise BadReport(f"holds {name}, not a finite number")
+
+
+def read_report(path: Path) -> dict[str, object]:
+    """The gpu_report.json at `path`, every record checked; BadReport for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO doesn't wait for a writer
+    except OSError as err:
+        raise BadReport(f"can't be read ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadReport("not a regular file (a FIFO, device or folder)")
+        data = f.read(MAX_REPORT_BYTES + 1)
+    if len(data) > MAX_REPORT_BYTES:
+        raise BadReport(f"holds more than {MAX_REPORT_BYTES >> 20} MiB; a report holds tens of kB")
+    try:
+        report = json.loads(data, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise BadReport(f"is nested more than {MAX_DEPTH} levels deep") from None
+    except BadReport:
+        raise
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an integer of thousands of digits
+        raise BadReport(f"not JSON ({str(err)[:100]})") from None
+    _check_tree(report)
+    _record({"machines": _list(_mapping(_scalar)), "parts": _any}, ("machines", "parts"))(report, "report")
+    if not isinstance(report["parts"], dict):
+        raise BadReport(f"report.parts is {_show(report['parts'])}, not an object")
+    for name, part in report["parts"].items():
+        if name not in PARTS:
+            raise BadReport(f"report.parts.{_show(name)}: not a part of gpu_report.py ({', '.join(PARTS)})")
+        _check_part(name, part, f"report.parts.{name}")
+    return report
+
+
+def merge(paths: list[Path]) -> dict[str, object]:
+    """One report of several; a part in two of them is refused (the second would silently replace the first)."""
+    merged: dict[str, dict] = {"machines": [], "parts": {}}
+    seen: dict[str, Path] = {}
+    for path in paths:
+        try:
+            report = read_report(path)
+        except BadReport as err:
+            raise BadReport(f"--merge {path}: not a gpu_report.json: {err}") from None
+        for name in report["parts"]:
+            if name in seen:
+                raise BadReport(f"--merge {path}: part {name} is also in {seen[name]}; merge reports of different "
+                                "parts (--parts)")
+            seen[name] = path
+        merged["machines"] += report["machines"]
+        merged["parts"].update(report["parts"])
+    return merged
 
 
 def main() -> None:
@@ -303,16 +481,11 @@ def main() -> None:
     parser.add_argument("--merge", type=Path, nargs="+", help="gpu_report.json files to merge into one report")
     args = parser.parse_args()
     if args.merge:
-        reports = []
-        for path in args.merge:  # a report of another tool, or one cut short, is one line, not a traceback
-            try:
-                report = json.loads(path.read_text())
-                assert isinstance(report.get("machines"), list) and isinstance(report.get("parts"), dict)
-            except (OSError, ValueError, AttributeError, AssertionError) as err:
-                parser.error(f"--merge {path}: not a gpu_report.json ({err or 'no machines/parts'})")
-            reports.append(report)
-        merged = {"machines": [m for r in reports for m in r["machines"]],
-                  "parts": {k: v for r in reports for k, v in r["parts"].items()}}
+        try:  # a report of another tool, cut short or edited, is one line naming the record, not a traceback
+            merged = merge(args.merge)
+        except BadReport as err:
+            print(f"gpu_report.py: error: {err}", file=sys.stderr)
+            sys.exit(2)
         write_report(merged, args.out)
         print(f"wrote {args.out / 'gpu_report.md'}")
         return

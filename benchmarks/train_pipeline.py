@@ -10,7 +10,9 @@ rand-m9-mstd0.5-inc1, bicubic random-resized crop, flip, erasing 0.25, pinned me
 augmentations only under torch.distributed, so a one-process baseline runs without the recipe's 3 repeats: they
 change which images an epoch holds, not what an image costs),
 timm's Mixup/CutMix (0.8 / 1.0, smoothing 0.1) and SoftTargetCrossEntropy, timm's resmlp_12_224, LAMB, autocast.
-Ours: the `resmlp train` command itself, in a subprocess, with the same batch, workers, precision and epochs.
+Ours: the `resmlp train` command itself, in a subprocess, with the same batch, workers, precision and epochs,
+once per `--pipelines` (data.pipeline device: decoding and augmentation on the device; timm: timm's transform in
+the workers).
 Both report images per second per epoch; the ratio is over the epochs after the first (the first pays for
 start-up and compilation). `--profile` first times, on one core, what one training image costs in the input
 pipeline: JPEG decode (PIL), the recipe's augmentation (timm's training transform), collation of a batch, and the
@@ -83,14 +85,16 @@ def profile(folder: Path, device: torch.device, images: int = 128, batch: int = 
     return per_image
 
 
-def run_ours(folder: Path, args: argparse.Namespace) -> list[float]:
-    """`resmlp train --recipe deit` for --epochs epochs; images/s of each epoch from its metrics.csv."""
+def run_ours(folder: Path, args: argparse.Namespace, pipeline: str = "device") -> list[float]:
+    """`resmlp train --recipe deit` (data.pipeline `pipeline`) for --epochs epochs; images/s of each epoch from
+    its metrics.csv."""
     out = Path(tempfile.mkdtemp(prefix="resmlp-pipeline-")) / "run"
     amp = {"fp32": "none"}.get(args.precision, args.precision)
     cmd = [sys.executable, "-m", "resmlp", "train", "--recipe", "deit", "--data-dir", str(folder), "--output",
            str(out), "--epochs", str(args.epochs), "--batch-size", str(args.batch), "--workers", str(args.workers),
            "--amp", amp, "--device", args.device, "--set", "schedule.warmup_epochs=0",
-           "--set", "train.progress=false", "--set", f"train.compile={args.compile}"]
+           "--set", "train.progress=false", "--set", f"train.compile={args.compile}", "--set",
+           f"data.pipeline={pipeline}"]
     subprocess.run(cmd, check=True, timeout=args.timeout)
     rows = list(csv.DictReader((out / "metrics.csv").read_text().splitlines()))
     return [float(r["train_images_per_s"]) for r in rows]
@@ -154,6 +158,8 @@ def main() -> None:
     parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto")
     parser.add_argument("--profile", action="store_true", help="time the pipeline's parts on one core first")
     parser.add_argument("--only", choices=("ours", "timm"), help="run one side only")
+    parser.add_argument("--pipelines", nargs="+", choices=("device", "timm"), default=["device"],
+                        help="data.pipeline of our runs: device (the recipe's default) and/or timm")
     parser.add_argument("--timeout", type=int, default=7200, help="seconds allowed for our training command")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -173,14 +179,20 @@ def main() -> None:
         result["profile_per_image"] = profile(args.folder, torch.device(args.device))
         print("one core, per image:", json.dumps(result["profile_per_image"]))
     if args.only != "timm":
-        result["ours_img_s"] = run_ours(args.folder, args)
-        print("resmlp train:", result["ours_img_s"])
+        for pipeline in args.pipelines:  # the first is ours_img_s; the others ours_<pipeline>_pipeline_img_s
+            key = "ours_img_s" if pipeline == args.pipelines[0] else f"ours_{pipeline}_pipeline_img_s"
+            result[key] = run_ours(args.folder, args, pipeline)
+            print(f"resmlp train, data.pipeline={pipeline}:", result[key])
     if args.only != "ours":
         result["timm_img_s"] = run_timm(args.folder, args)
     if "ours_img_s" in result and "timm_img_s" in result and args.epochs > 1:
         ours, timm_rates = result["ours_img_s"][1:], result["timm_img_s"][1:]
         result["ours_over_timm_after_first_epoch"] = (sum(ours) / len(ours)) / (sum(timm_rates) / len(timm_rates))
         print(f"ours / timm parts, epochs 2..{args.epochs}: {result['ours_over_timm_after_first_epoch']:.3f}")
+        for key in [k for k in result if k.endswith("_pipeline_img_s")]:
+            other = result[key][1:]
+            result[key.replace("_img_s", "_over_timm_after_first_epoch")] = (sum(other) / len(other)) / (
+                sum(timm_rates) / len(timm_rates))
     if args.json:
         write_json(args.json, result)
 

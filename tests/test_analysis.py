@@ -183,7 +183,7 @@ def test_analyze_cli_on_a_mixer(tmp_path):
     assert set(layers[0]) == {"layer", "token_fc1", "token_fc2", "channel_fc1", "channel_fc2"}
 
 
-def test_analyze_cli_takes_a_run_folder_and_refuses_a_timm_model_in_one_line(tmp_path, capsys):
+def test_analyze_cli_takes_a_run_folder_and_a_timm_model_with_one_line_on_what_does_not_apply(tmp_path, capsys):
     import timm
 
     run = tmp_path / "run"
@@ -194,10 +194,19 @@ def test_analyze_cli_takes_a_run_folder_and_refuses_a_timm_model_in_one_line(tmp
     assert (tmp_path / "report" / "index.html").is_file()
     assert "5/5" in captured.err and "figure" in captured.err  # the progress bar on stderr
     path = resmlp.save(timm.create_model("test_resnet", num_classes=3), tmp_path / "resnet.safetensors")
-    assert main(["analyze", str(path), "--out", str(tmp_path / "other")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "ResMLP and MLP-Mixer checkpoints only" in err
-    assert not (tmp_path / "other").exists()
+    assert main(["analyze", str(path), "--out", str(tmp_path / "other")]) == 0
+    out = capsys.readouterr().out
+    skipped = [line for line in out.splitlines() if line.startswith("skipped:")]
+    assert len(skipped) == 1 and "ResMLP/Mixer-specific: a ResNet has no cross-patch layer" in skipped[0]
+    rows = json.loads((tmp_path / "other" / "sparsity.json").read_text())["layers"]
+    weights = {n: p for n, p in timm.create_model("test_resnet", num_classes=3).named_parameters() if p.ndim >= 2}
+    assert [r["layer"] for r in rows] == list(weights)  # every weight matrix and kernel, in the model's order
+    first = resmlp.load(path).get_parameter(rows[0]["layer"])
+    small = (first.abs() < 0.05 * first.abs().max()).float().mean().item()
+    assert rows[0]["small"] == pytest.approx(small)
+    assert (tmp_path / "other" / "first_conv.png").stat().st_size > 1000
+    assert main(["analyze", str(path), "--out", str(tmp_path / "o2"), "--layers", "1"]) == 2
+    assert "--layers counts ResMLP/Mixer blocks" in capsys.readouterr().err
 
 
 def test_captions_describe_the_checkpoint_shown_not_the_papers_findings(tmp_path):

@@ -173,3 +173,27 @@ def test_the_gpu_report_refuses_a_damaged_report_to_merge_in_one_line(tmp_path):
                               timeout=60)
         assert done.returncode == 2 and "not a gpu_report.json" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_the_models_table_benchmark_times_both_ways(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "models_table.py"), "--rounds", "1"],
+                          check=True, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root / "src")})
+    assert "analytic (now): median" in done.stdout and "measured (before): median" in done.stdout
+    assert "x faster; host" in done.stdout
+
+
+def test_data_startup_benchmark_compares_the_three_listings(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "startup.json"
+    cmd = [sys.executable, str(root / "benchmarks" / "data_startup.py"), "--classes", "3", "--images", "4",
+           "--repeats", "1", "--folder", str(tmp_path / "folder"), "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=600)
+    report = json.loads(out.read_text())
+    results = report["results"]
+    assert set(results) == {"ours", "timm", "torchvision"} and report["files"] == 12
+    assert all(r["files"] == 12 and r["batch"] == 12 for r in results.values())
+    # ours: only the split folders' names checked (train, training, val...), no stat per file (12 files here)
+    assert results["ours"]["stat_calls"] <= 8 and results["torchvision"]["stat_calls"] >= 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -49,7 +50,13 @@ def test_every_claim_of_the_paper_has_a_row():
     rows = [c.claim for c in claims.CLAIMS_TABLE]
     for needle in ("ReLU", "SiLU", "HardSwish", "BatchNorm", "l2-norm", "expansion factor", "position encodings",
                    "absorbed", "Table D.1", "Table D.2", "Table D.3: class-MLP", "Fig. 2: the last", "Fig. B.2",
-                   "below ViT", "12 layers beat 6", "Flowers-102", "pre-norm and post-norm", "Fig. 4"):
+                   "below ViT", "12 layers beat 6", "Flowers-102", "pre-norm and post-norm", "Fig. 4",
+                   # issue 42 item 6: the headline, Table 1 at equal FLOPs and on the H100, Table 3's other rows,
+                   # Table 2's S24, Appendix A's CaiT steps and linear layer, Appendix B, the training cost
+                   "ImageNet-ReaL", "comparable FLOPs", "faster than DeiT-S (throughput ratio), H100", "patch 16 → 14",
+                   "B24/8 without distillation", "ImageNet-21k", "DINO pre-training of ResMLP-S24", "SA → MLP",
+                   "class-attention → class-MLP", "(79.5 %)", "expansion table", "similar to the supervised S24",
+                   "distilled S12", "two days"):
         assert any(needle in row for row in rows), needle
 
 
@@ -65,4 +72,93 @@ def test_ablation_rows_use_the_study_rows_paper_deltas():
 def test_one_run_rows_never_get_a_verdict_beyond_one_run():
     runs = {"baseline": [50.0], "class-mlp": [58.0, 59.0]}
     _, result = claims.ablation(claims.Ablation("class-mlp", 77.5 - 76.6), runs)
-    assert result == "one run"
+    assert result.split(";")[0] == "one run"
+
+
+def test_every_verdict_from_the_2_epoch_study_carries_its_caveat_in_the_table():
+    runs = claims.read_runs(claims.read_records(claims.RECORDS))
+    rows = [line for line in claims.render().splitlines() if line.startswith("| ")]
+    studied = [c for c in claims.CLAIMS_TABLE
+               if isinstance(c.measure, (claims.Ablation, claims.Contrast, claims.Swapped))]
+    assert len(studied) >= 20
+    for c in studied:
+        row = next(r for r in rows if r.startswith(f"| {c.claim} |"))
+        assert row.rstrip(" |").endswith(claims.TWO_EPOCH_CAVEAT), c.claim
+    assert runs  # the records were read
+
+
+def test_the_gpu_sentence_says_what_was_measured_on_a_gpu():
+    page = claims.render()
+    assert "Nothing was measured on a GPU" not in page and "H100" in page
+
+
+# ------------------------------------------------------------------------------------------ the records (T13)
+GOOD = dict(label="baseline", seed=0, budget=2, epochs=2, test_top1=51.0, selected_epoch=2, wall_seconds=100.0,
+            amp="bf16", code="abc1234", host="host", synthetic=False)
+
+
+def _records(tmp_path, records) -> Path:
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps(records) if not isinstance(records, str) else records)
+    return path
+
+
+@pytest.mark.parametrize(("bad", "words"), [
+    (dict(test_top1=150), "test_top1 is 150"),
+    (dict(test_top1=-40), "test_top1 is -40"),
+    (dict(test_top1=1e308), "test_top1 is 1e+308"),
+    (dict(test_top1=True), "test_top1 is True"),
+    (dict(test_top1="51"), "test_top1 is '51'"),
+    (dict(seed=True), "seed is True"),
+    (dict(label="no-such-row"), "label is 'no-such-row'"),
+    (dict(wall_seconds=-1), "wall_seconds is -1"),
+    (dict(extra=1), "fields ablations.py never writes"),
+])
+def test_an_impossible_record_is_refused_in_one_line_naming_it_and_nothing_is_written(bad, words, tmp_path,
+                                                                                        monkeypatch, capsys):
+    page = tmp_path / "claims.md"
+    monkeypatch.setattr(claims, "CLAIMS", page)
+    path = _records(tmp_path, [GOOD, {**GOOD, "seed": 1, **bad}])
+    assert claims.main(["--records", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "record 1" in err and words in err, err
+    assert not page.exists()
+
+
+def test_nan_is_refused_though_json_accepts_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(claims, "CLAIMS", tmp_path / "claims.md")
+    path = _records(tmp_path, json.dumps([GOOD]).replace("51.0", "NaN"))
+    assert claims.main(["--records", str(path)]) == 2
+    assert "test_top1 is nan" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "words"), [("{", "not valid JSON"), ('{"a": 1}', "not a list"),
+                                             ("[1]", "record 0 is 1, not a run record")])
+def test_a_broken_records_file_is_refused_in_one_line(text, words, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(claims, "CLAIMS", tmp_path / "claims.md")
+    assert claims.main(["--records", str(_records(tmp_path, text))]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_duplicated_seed_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(claims, "CLAIMS", tmp_path / "claims.md")
+    path = _records(tmp_path, [GOOD, {**GOOD, "test_top1": 60.0}])
+    assert claims.main(["--records", str(path)]) == 2
+    assert "record 1 ('baseline', seed 0) repeats record 0" in capsys.readouterr().err
+
+
+def test_records_of_other_studies_are_counted_on_the_page_not_dropped_silently(tmp_path):
+    records = json.loads(claims.RECORDS.read_text())
+    path = _records(tmp_path, [*records, {**GOOD, "budget": 10, "epochs": 10}, {**GOOD, "synthetic": True}])
+    assert "2 record(s) of other studies" in claims.render(path)
+    assert "record(s) of other studies" not in claims.render()
+
+
+def test_the_page_is_written_atomically_never_through_a_link(tmp_path, monkeypatch):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    page = tmp_path / "claims.md"
+    page.symlink_to(outside)
+    monkeypatch.setattr(claims, "CLAIMS", page)
+    assert claims.main([]) == 0
+    assert outside.read_text() == "keep" and not page.is_symlink() and page.read_text() == claims.render()

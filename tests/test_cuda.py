@@ -228,7 +228,8 @@ def test_every_image_trainer_runs_on_the_gpu(tmp_path, capsys, checkpoint, task)
                       "optim.lr": 1e-3}
     if task == "finetune":
         overrides = {k: v for k, v in overrides.items() if not k.startswith("model.")}
-    command = {"distill": ["train", "--distill", str(checkpoint)], "dino": ["pretrain", "dino"],
+    command = {"distill": ["train", "--distill", str(checkpoint), "--teacher-classes-match"],
+               "dino": ["pretrain", "dino"],
                "finetune": ["finetune", str(checkpoint)]}[task]
     assert main([*command, "--output", str(out), *sets(overrides)]) == 0, capsys.readouterr().err[-2000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -30,6 +30,7 @@ TINY = {
     "model.depth": 2, "schedule.epochs": 1, "schedule.warmup_epochs": 0, "train.batch_size": 16,
     "train.progress": False, "optim.lr": 3e-3, "data.synthetic_size": [64, 32], "train.threads": 1,
 }
+SYNTHETIC_NAMES = [f"class_{i}" for i in range(4)]  # the synthetic data's classes, in order
 
 
 def test_hard_and_soft_formulas_match_a_hand_computation():
@@ -51,7 +52,9 @@ def test_hard_and_soft_formulas_match_a_hand_computation():
     for srow, trow in zip(s, t, strict=True):
         ls, lt = log_softmax(srow, tau), log_softmax(trow, tau)
         kl += sum(math.exp(b) * (b - a) for a, b in zip(ls, lt, strict=True))
-    expected = (1 - alpha) * base.item() + alpha * tau**2 * kl / 2
+    # DeiT's losses.py: kl_div(..., reduction='sum') * T * T / outputs_kd.numel(), i.e. over batch x classes
+    expected = (1 - alpha) * base.item() + alpha * tau**2 * kl / student.numel()
+    assert student.numel() == 2 * len(s[0]) > 2
     assert soft_distillation_loss(student, teacher, base, alpha, tau).item() == pytest.approx(expected, rel=1e-5)
 
 
@@ -153,7 +156,7 @@ def test_teacher_cache_is_refused_with_random_augmentation():
 
 def test_distillation_with_teacher_cache_trains_the_same_weights(tmp_path):
     teacher = resmlp.create_model("resmlp_s12", img_size=16, patch_size=4, in_chans=1, num_classes=4, dim=16, depth=1)
-    resmlp.save(teacher, tmp_path / "t.safetensors")
+    resmlp.save(teacher, tmp_path / "t.safetensors", metadata={"class_names": SYNTHETIC_NAMES})
     common = {**TINY, "schedule.epochs": 2, "data.hflip": 0.5, "distill.teacher": str(tmp_path / "t.safetensors")}
     runs = {cache: train("fashion-mnist-distill", tmp_path / f"cache{cache}", {**common, "distill.cache": cache})
             for cache in (False, True)}

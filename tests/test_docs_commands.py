@@ -58,6 +58,7 @@ TINY = {
     ("translate", "train"): ["--max-steps", "2", "--train-size", "64", "--preset", "tiny", "--no-progress",
                              "--threads", "1"],
     ("translate", "eval"): ["--no-progress"],
+    ("data", "shards"): ["--val-size", "64"],
     ("eval",): ["--no-progress", "--threads", "1"],
     ("eval-knn",): ["--no-progress", "--threads", "1"],
     ("eval-linear",): ["--no-progress", "--threads", "1"],

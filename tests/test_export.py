@@ -52,19 +52,31 @@ def test_export_cli_from_a_checkpoint(model, tmp_path, capsys):
     assert main(["export", str(tmp_path / "missing.safetensors"), "--output", str(out)]) == 2
 
 
-def test_export_cli_takes_a_run_folder_and_refuses_a_timm_model_in_one_line(model, tmp_path, capsys):
+def test_export_cli_takes_a_run_folder_and_a_timm_or_torchvision_model(model, tmp_path, capsys):
     import timm
 
     resmlp.save(model, tmp_path / "run" / "best.safetensors")
     out = tmp_path / "m.pt"
     assert main(["export", str(tmp_path / "run"), "--format", "torchscript", "--output", str(out)]) == 0
     assert out.stat().st_size > 0
-    path = resmlp.save(timm.create_model("test_resnet", num_classes=3), tmp_path / "resnet.safetensors")
+    from resmlp.build import build_model
+
+    pre = dict(img_size=24, in_chans=1, mean=[0.5], std=[0.25], crop_pct=1.0, interpolation="bicubic")
+    resnet = timm.create_model("test_resnet", num_classes=3, in_chans=1).eval()
+    path = resmlp.save(resnet, tmp_path / "resnet.safetensors", {"preprocess": pre, "class_names": ["a", "b", "c"]})
     capsys.readouterr()
-    assert main(["export", str(path), "--output", str(tmp_path / "r.onnx")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "ResMLP and" in err and "Mixer checkpoints only" in err
-    assert not (tmp_path / "r.onnx").exists()
+    assert main(["export", str(path), "--output", str(tmp_path / "r.onnx")]) == 0
+    assert "input (batch, 1, 24, 24) float32 -> logits (batch, 3); the timm model as trained" in capsys.readouterr().out
+    session = ort.InferenceSession(str(tmp_path / "r.onnx"), providers=["CPUExecutionProvider"])
+    assert session.get_modelmeta().custom_metadata_map["class_names"] == '["a", "b", "c"]'
+    x = torch.randn(5, 1, 24, 24)
+    with torch.no_grad():
+        assert np.abs(session.run(None, {"images": x.numpy()})[0] - resnet(x).numpy()).max() < 1e-4
+    vision = build_model("torchvision:resnet18", num_classes=3, in_chans=1).eval()  # a grayscale wrapper
+    path = resmlp.save(vision, tmp_path / "tv.safetensors", {"preprocess": pre})
+    assert main(["export", str(path), "--output", str(tmp_path / "tv.pt")]) == 0
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.load(str(tmp_path / "tv.pt"))(x), vision(x), atol=1e-4, rtol=0)
 
 
 def test_export_cli_takes_the_format_from_the_extension_and_writes_preprocessing_into_onnx(model, tmp_path, capsys):

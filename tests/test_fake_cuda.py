@@ -83,8 +83,11 @@ def test_every_optimizer_trains_on_the_gpu_without_a_host_wait_per_step(tmp_path
     {"train.grad_accum": 2},
     {"train.channels_last": True},
     {"train.checkpoint_every_steps": 3},
+    {"train.checkpoint_hist": 1},  # the N best checkpoints: written at the epoch's end, never within a step
     {"train.compile": "auto"},  # up to its decision: too short a run to compile
     {"data.batch_augment": False},  # the DataLoader path: pinned batches, the side-stream prefetch
+    {"train.clip_grad": 1.0},  # one global norm (torch's clip_grad_norm_)
+    {"train.clip_mode": "per_param", "train.clip_grad": 1.0},  # DINO's per-parameter clipping, foreach on device
 ], ids=lambda s: next(iter(s)))
 def test_every_step_option_keeps_the_step_free_of_host_waits(tmp_path, capsys, setting):
     ledger = run_cli(["train", "--recipe", "fashion-mnist-quick", "--output", str(tmp_path / "run")],
@@ -125,16 +128,28 @@ def test_rgb_images_train_a_grey_model_and_grey_images_an_rgb_one(tmp_path, caps
 @pytest.mark.parametrize("kind", ["hard", "soft"])
 def test_distillation_steps_do_not_wait_for_the_host(tmp_path, capsys, tiny_checkpoint, kind):
     ledger = run_cli(["train", "--recipe", "fashion-mnist-quick", "--distill", str(tiny_checkpoint),
-                      "--output", str(tmp_path / "run")], {**COMMON, "distill.type": kind}, capsys)
+                      "--output", str(tmp_path / "run")],
+                     {**COMMON, "distill.type": kind, "distill.classes_match": True}, capsys)
     assert repeated_waits(ledger) == {}
 
 
 def test_the_distillation_cache_is_the_documented_host_wait(tmp_path, capsys, tiny_checkpoint):
-    fixed = {**COMMON, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0]}
+    fixed = {**COMMON, "data.scale": [1.0, 1.0], "data.ratio": [1.0, 1.0], "distill.classes_match": True}
     ledger = run_cli(["train", "--recipe", "fashion-mnist-quick", "--distill", str(tiny_checkpoint),
                       "--distill-cache", "--output", str(tmp_path / "run")], fixed, capsys)
     assert repeated_waits(ledger, allowed=("DistillationLoss.teacher_logits",)) == {}
     assert repeated_waits(ledger)  # the cache's own copies, every step (help and docs say so)
+
+
+def test_a_teacher_of_another_resolution_is_fed_on_the_device_without_host_waits(tmp_path, capsys):
+    teacher = resmlp.create_model("resmlp_s12", img_size=24, patch_size=8, in_chans=1, num_classes=4, dim=16,
+                                  depth=2)
+    path = tmp_path / "teacher24.safetensors"
+    resmlp.save(teacher, path, metadata={"class_names": [f"class_{i}" for i in range(4)], "preprocess": dict(
+        img_size=24, in_chans=1, mean=[0.3], std=[0.2], crop_pct=1.0, interpolation="bilinear")})
+    ledger = run_cli(["train", "--recipe", "fashion-mnist-quick", "--distill", str(path), "--output",
+                      str(tmp_path / "run")], COMMON, capsys)
+    assert repeated_waits(ledger) == {}
 
 
 def test_dino_steps_do_not_wait_for_the_host(tmp_path, capsys):
@@ -272,11 +287,30 @@ def test_the_translation_trainer_reads_once_per_log_interval(tmp_path, number_co
         summary = train_translation(cfg)
     assert summary["steps"] == 8
     in_loop = ledger.inside("_train", allowed=("validation_loss", "save_checkpoint", "evaluate_translation"))
-    assert [e.kind for e in in_loop if e.kind != "unpinned-host-to-device"] == ["read", "read"]  # per log interval
+    # per log interval (steps 4 and 8), and the run's first step, logged at once
+    assert [e.kind for e in in_loop if e.kind != "unpinned-host-to-device"] == ["read", "read", "read"]
     assert {e.site() for e in in_loop if e.kind == "unpinned-host-to-device"} == {
         "resmlp.seq2seq.train:_train"}  # the model's weights going up once; batches go pinned (no event)
     per_validation = Counter(e.kind for e in ledger.inside("validation_loss"))
     assert per_validation == {"read": 2}  # 2 validations, one read each
+
+
+def test_accumulated_updates_and_averaging_read_nothing_more_on_the_gpu(tmp_path, number_corpus):
+    """--update-freq 3: three batches per update, still one read per log interval; --average-last 2: the kept
+    checkpoints are written with checkpoint.pt, the mean built after the loop (host memory, then one copy up)."""
+    from resmlp.seq2seq.train import TranslationConfig, train_translation
+
+    cfg = TranslationConfig(output=str(tmp_path / "run"), data=str(number_corpus), src_suffix="en", tgt_suffix="fr",
+                            preset="tiny", model_overrides={"max_len": 24}, vocab_size=120, max_tokens=256,
+                            optimizer="adam", lr=3e-3, warmup_steps=2, max_steps=8, eval_every=4, log_every=4,
+                            beam=2, progress=False, device="cuda", precision="bf16", update_freq=3, average_last=2)
+    with fake_cuda() as ledger:
+        summary = train_translation(cfg)
+    assert summary["steps"] == 8 and summary["averaged_steps"] == [4, 8]
+    in_loop = ledger.inside("_train", allowed=("validation_loss", "save_checkpoint", "evaluate_translation",
+                                               "_scored_model"))
+    assert [e.kind for e in in_loop if e.kind != "unpinned-host-to-device"] == ["read", "read"]  # per log interval
+    assert {e.site() for e in in_loop if e.kind == "unpinned-host-to-device"} == {"resmlp.seq2seq.train:_train"}
 
 
 @pytest.mark.parametrize("beam", [1, 3])

@@ -121,7 +121,7 @@ def test_a_timm_student_distils_from_a_checkpoint_teacher_on_a_resmlp_recipe(tmp
                                     depth=1), teacher)
     run = tmp_path / "student"
     assert main(["train", "--recipe", "fashion-mnist-distill", "--model", "timm:resnet10t", "--distill",
-                 str(teacher), "--output", str(run), *TINY]) == 0
+                 str(teacher), "--teacher-classes-match", "--output", str(run), *TINY]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["task"] == "distillation" and summary["teacher"]["spec"] == str(teacher)
     assert json.loads((run / "config.json").read_text())["model"]["name"] == "timm:resnet10t"

@@ -133,7 +133,7 @@ def test_preprocess_from_metadata_resizes_crops_and_normalises(tmp_path):
 def test_preprocess_defaults_and_bad_metadata(tmp_path):
     model = build_fast(ResMLPConfig(**TINY))
     pre = Preprocess.from_metadata({}, model)
-    assert pre.source == "defaults" and pre.crop_pct == 0.875 and pre.mean == (0.485, 0.456, 0.406)
+    assert pre.source == "assumed" and pre.crop_pct == 0.875 and pre.mean == (0.485, 0.456, 0.406)
     with pytest.raises(ValueError, match="model takes 3x32px"):
         Preprocess.from_metadata({"preprocess": {"img_size": 28, "mean": [0.5], "std": [0.5], "in_chans": 1}},
                                  model)

@@ -49,7 +49,9 @@ def test_cross_patch_mixes_patches_but_not_channels(tiny_config):
 
 
 def test_layerscale_init_follows_depth():
-    assert [default_layerscale_init(d) for d in (6, 12, 13, 24, 25, 36)] == [0.1, 0.1, 1e-5, 1e-5, 1e-6, 1e-6]
+    # CaiT's rule (CaiT paper, Section 2.1): 0.1 up to depth 18, 1e-5 at 24, 1e-6 deeper
+    assert [default_layerscale_init(d) for d in (6, 12, 13, 18, 19, 24, 25, 36)] == [
+        0.1, 0.1, 0.1, 0.1, 1e-5, 1e-5, 1e-6, 1e-6]
     for depth, value in ((12, 0.1), (24, 1e-5), (36, 1e-6)):
         model = ResMLP(ResMLPConfig(img_size=32, patch_size=16, dim=8, depth=depth))
         gammas = torch.cat([m.gamma.detach() for m in model.modules() if isinstance(m, LayerScale)])
@@ -59,7 +61,8 @@ def test_layerscale_init_follows_depth():
 
 
 # LayerScale's initial value in the authors' code: DeiT's resmlp_models.py (init_scale of resmlp_12/24/36 and
-# resmlpB_24) and timm's mlp_mixer.py (init_values of resmlp_12/24/36/big_24_224); B24 is 1e-6 at 24 blocks
+# resmlpB_24, which is B24/8: patch_size=8) and timm's mlp_mixer.py (init_values of resmlp_12/24/36 and
+# resmlp_big_24_224, also patch 8); B24/8 is 1e-6 at 24 blocks. No code defines B24/16: its 1e-6 is B24/8's
 AUTHORS_LAYERSCALE_INIT = {"resmlp_s12": 0.1, "resmlp_s24": 1e-5, "resmlp_s36": 1e-6, "resmlp_b24": 1e-6,
                            "resmlp_b24_p8": 1e-6, "resmlp_s12_p8": 0.1, "resmlp_s12_p14": 0.1}
 
@@ -147,3 +150,34 @@ def test_unknown_preset_suggests_close_names():
 def test_grayscale_model(tiny_config):
     model = ResMLP(tiny_config.replace(in_chans=1))
     assert model(torch.randn(2, 1, 32, 32)).shape == (2, 7)
+
+
+def test_mixer_presets_initialise_as_mixer_and_resmlp_presets_as_deit():
+    """Mixer: its authors' Flax init (lecun_normal kernels, zero biases, zero head), as timm's
+    mlp_mixer._init_weights(flax=True); ResMLP: DeiT's resmlp_models.py (trunc_normal 0.02, zero biases)."""
+    from functools import partial
+
+    import timm
+    from timm.models import named_apply
+    from timm.models.mlp_mixer import _init_weights as timm_init
+
+    torch.manual_seed(0)
+    ours = resmlp.create_model("mixer_s16", img_size=64, num_classes=10)
+    theirs = timm.create_model("mixer_s16_224", img_size=64, num_classes=10)
+    named_apply(partial(timm_init, flax=True), theirs)
+    ours_p = {k: v.detach() for k, v in ours.named_parameters()}
+    theirs_p = {k: v.detach() for k, v in theirs.named_parameters()}
+    assert float(ours_p["head.weight"].abs().max()) == 0 and float(ours_p["head.bias"].abs().max()) == 0
+    pairs = [("blocks.0.cross_patch.fc1.weight", "blocks.0.mlp_tokens.fc1.weight"),
+             ("blocks.0.channel_mlp.fc1.weight", "blocks.0.mlp_channels.fc1.weight"),
+             ("blocks.0.channel_mlp.fc2.weight", "blocks.0.mlp_channels.fc2.weight"),
+             ("stem.proj.weight", "stem.proj.weight")]
+    for a, b in pairs:
+        assert ours_p[a].shape == theirs_p[b].shape
+        fan_in = ours_p[a][0].numel()
+        assert float(ours_p[a].std()) == pytest.approx(float(theirs_p[b].std()), rel=0.1)
+        assert float(ours_p[a].std()) == pytest.approx(fan_in ** -0.5, rel=0.1)  # lecun: 1/sqrt(fan_in)
+    assert float(ours_p["blocks.0.channel_mlp.fc1.bias"].abs().max()) == 0
+    resmlp_model = resmlp.create_model("resmlp_s12", img_size=64, num_classes=10)
+    fc1 = resmlp_model.blocks[0].channel_mlp.fc1.weight.detach()
+    assert float(fc1.std()) == pytest.approx(0.02, rel=0.1) and float(resmlp_model.head.weight.detach().abs().max()) > 0

@@ -69,12 +69,12 @@ def test_corrupt_file_is_reported_skipped_and_fails_the_exit_code(setup, capsys,
     assert len([r for r in rows if r["error"]]) == 2
 
 
-def test_timm_checkpoint_uses_imagenet_defaults_and_says_so(tmp_path, capsys):
+def test_timm_checkpoint_uses_the_authors_crop_and_says_so(tmp_path, capsys):
     model = build_fast(ResMLPConfig(**TINY), seed=6)
     ckpt = resmlp.export_checkpoint(model, tmp_path / "timm.pth", format="timm")
     Image.new("RGB", (50, 40), (10, 200, 30)).save(tmp_path / "x.png")
     assert main(["predict", str(ckpt), str(tmp_path / "x.png"), "--top-k", "1", "--precision", "int8"]) == 0
-    assert "ImageNet preset defaults" in capsys.readouterr().out
+    assert "assumed ImageNet's mean/std, crop 0.9" in capsys.readouterr().out  # DeiT's README_resmlp.md
 
 
 def test_bad_output_suffix_is_refused_before_work(setup, capsys):

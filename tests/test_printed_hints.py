@@ -155,7 +155,11 @@ def test_an_image_folder_given_to_the_default_kind_says_to_name_it_and_the_hint_
     make_jpeg_folder(data)
     tiny = {**FAST, "model.in_chans": 3, "model.img_size": 16, "model.patch_size": 4, "model.dim": 16,
             "model.depth": 2, "train.batch_size": 4, "data.crop_pct": 1.0}
-    args = ["train", "--output", str(tmp_path / "run"), "--data-dir", str(data), "--epochs", "1", *_sets(tiny)]
+    # --data-dir on a folder laid out as train/<class>/ trains on it: the flag infers data.kind=folder
+    flag = ["train", "--output", str(tmp_path / "flag"), "--data-dir", str(data), "--epochs", "1", *_sets(tiny)]
+    assert main(flag) == 0
+    # data.dir set by --set keeps the recipe's kind: refused, with a hint that runs
+    args = ["train", "--output", str(tmp_path / "run"), "--set", f"data.dir={data}", "--epochs", "1", *_sets(tiny)]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "an image folder, not Fashion-MNIST's IDX files" in err  # before: "Fashion-MNIST file ... not found"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from num2words import num2words
 
-from resmlp.seq2seq.data import Tokenizer, collate, read_parallel, token_batches
+from resmlp.errors import DataError
+from resmlp.seq2seq.data import Tokenizer, collate, encode_pairs, read_parallel, token_batches
 from resmlp.seq2seq.tasks import make_number_task, number_splits
 
 
@@ -74,10 +75,27 @@ def test_token_batches_cover_every_pair_once_within_budget():
 
 
 def test_collate_adds_bos_eos_and_right_padding():
+    # sources end with EOS (2) as fairseq's binarised ones (Dictionary.encode_line(append_eos=True)); models saved
+    # before that field existed (source_eos False) are fed sources without it
     src, tgt_in, tgt_out = collate([[5, 6, 7], [8]], [[9], [10, 11]])
-    assert src.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert src.tolist() == [[5, 6, 7, 2], [8, 2, 0, 0]]
     assert tgt_in.tolist() == [[1, 9, 0], [1, 10, 11]]
     assert tgt_out.tolist() == [[9, 2, 0], [10, 11, 2]]
+    assert collate([[5, 6, 7], [8]], [[9]] * 2, source_eos=False)[0].tolist() == [[5, 6, 7], [8, 0, 0]]
+
+
+def test_pairs_over_max_len_are_dropped_not_truncated(tokenizer):
+    """As fairseq's training drops pairs over the model's positions (and its WMT preparation keeps 1-250 tokens),
+    a pair whose source + EOS or BOS + target passes max_len is left out whole, with a warning giving the count."""
+    short, long = "one two three", " ".join(["seven hundred and twelve"] * 8)
+    n_short = len(tokenizer.encode([short], None)[0])
+    with pytest.warns(UserWarning, match="1 of 3 train pairs .* dropped"):
+        src, tgt = encode_pairs(tokenizer, [short, long, short], [short, short, short], n_short + 1, True, "train")
+    assert src == tgt == tokenizer.encode([short, short], None)  # whole, never cut
+    with pytest.warns(UserWarning, match="dropped"):  # the source fits but BOS + target does not
+        assert encode_pairs(tokenizer, [short, short], [short, long], n_short + 1, True, "train")[0] == src[:1]
+    with pytest.raises(DataError, match="raise --max-len"):
+        encode_pairs(tokenizer, [long], [long], n_short + 1, True, "train")
 
 
 def test_number_task_holds_out_test_numbers(tmp_path):
@@ -99,3 +117,22 @@ def test_number_task_files_are_aligned_german_reorders(tmp_path):
     assert len(read_parallel(tmp_path / "test.src", tmp_path / "test.tgt")[0]) == 20
     with pytest.raises(ValueError, match="unknown task"):
         make_number_task("numbers-en-xx", tmp_path)
+
+
+@pytest.mark.parametrize("source_eos", [True, False])
+def test_decoding_feeds_sources_as_the_model_was_trained(tokenizer, source_eos):
+    """translate() ends each source with EOS for a model trained so (today's), without for one of an earlier
+    version (source_eos False in its config), as training's collate did."""
+    import torch
+
+    from resmlp.seq2seq.model import build_translation_model, translation_model_config
+    from resmlp.seq2seq.train import translate
+
+    model = build_translation_model(translation_model_config("tiny", len(tokenizer), source_eos=source_eos))
+    seen = []
+    encode = model.encode
+    model.encode = lambda src: seen.append(src.clone()) or encode(src)
+    translate(model, tokenizer, ["seven", "one hundred and two"], beam=1)
+    ids = tokenizer.encode(["seven", "one hundred and two"], None)
+    expected = [row + [2] * source_eos for row in ids]
+    assert sorted([t for t in row if t != 0] for row in torch.cat(seen).tolist()) == sorted(expected)

@@ -145,3 +145,54 @@ def test_resmlp_initial_logits_do_not_favour_repeating_the_input_token():
     assert loss < math.log(vocab) + 0.5, loss
     confidence = logits.softmax(-1).amax(-1).mean()
     assert confidence < 0.05, confidence  # with gain 1: ~1.0, all of it on repeating the input token
+
+
+def test_the_resmlp_ffn_is_gelu_as_the_paper_and_the_transformer_relu_as_fairseq():
+    """Paper section 2, eq. 3: the ResMLP layer is "the feedforward sublayer of a Transformer with the ReLU
+    non-linearity replaced by a GELU"; fairseq's transformer base_architecture: activation_fn "relu"."""
+    resmlp = build_translation_model(translation_model_config("tiny", VOCAB, arch="resmlp"))
+    for layer in (*resmlp.encoder, *resmlp.decoder):
+        assert isinstance(layer.ffn[1], torch.nn.GELU) and layer.ffn[1].approximate == "none"
+    transformer = build_translation_model(translation_model_config("tiny", VOCAB, arch="transformer"))
+    for layer in (*transformer.encoder.layers, *transformer.decoder.layers):
+        assert layer.activation is torch.nn.functional.relu
+    relu = build_translation_model(translation_model_config("tiny", VOCAB, arch="resmlp", activation="relu"))
+    assert isinstance(relu.encoder[0].ffn[1], torch.nn.ReLU)
+    with pytest.raises(ValueError, match="activation"):
+        translation_model_config("tiny", VOCAB, activation="swish")
+
+
+@pytest.mark.parametrize("arch", ["resmlp", "transformer"])
+def test_dropout_acts_where_fairseqs_transformer_puts_it(arch):
+    """fairseq's base_architecture: dropout 0.1 on the embeddings and each sublayer's output, attention_dropout and
+    activation_dropout 0.0; both models take the three rates apart."""
+    model = build_translation_model(translation_model_config("tiny", VOCAB, arch=arch, dropout=0.15))
+    assert model.embed_drop.p == 0.15
+    if arch == "resmlp":
+        for layer in (*model.encoder, *model.decoder):
+            assert layer.drop.p == 0.15 and layer.ffn[2].p == 0.0
+        assert all(layer.attn.dropout == 0.0 for layer in model.decoder)
+    else:
+        for layer in (*model.encoder.layers, *model.decoder.layers):
+            assert layer.dropout1.p == layer.dropout2.p == 0.15 and layer.dropout.p == 0.0
+            assert layer.self_attn.dropout == 0.0
+        assert all(layer.multihead_attn.dropout == 0.0 for layer in model.decoder.layers)
+    custom = build_translation_model(translation_model_config("tiny", VOCAB, arch=arch, attention_dropout=0.2,
+                                                              activation_dropout=0.3))
+    if arch == "resmlp":
+        assert custom.decoder[0].attn.dropout == 0.2 and custom.encoder[0].ffn[2].p == 0.3
+    else:
+        assert custom.decoder.layers[0].multihead_attn.dropout == 0.2 and custom.encoder.layers[0].dropout.p == 0.3
+
+
+def test_model_configs_saved_before_these_options_read_as_what_they_trained():
+    """A checkpoint's model_config without the newer fields was trained with a ReLU FFN, dropout on attention and
+    activations at the residual rate, and sources without EOS: it loads as that model, not as today's default."""
+    old = {k: v for k, v in translation_model_config("tiny", VOCAB).to_dict().items()
+           if k not in ("activation", "attention_dropout", "activation_dropout", "source_eos")}
+    cfg = Seq2SeqConfig.from_dict({**old, "dropout": 0.25})
+    assert (cfg.activation, cfg.attention_dropout, cfg.activation_dropout, cfg.source_eos) == ("relu", 0.25, 0.25,
+                                                                                               False)
+    new = translation_model_config("tiny", VOCAB)
+    assert (new.activation, new.attention_dropout, new.activation_dropout, new.source_eos) == ("gelu", 0.0, 0.0, True)
+    assert Seq2SeqConfig.from_dict(new.to_dict()) == new

@@ -13,8 +13,14 @@ from resmlp.seq2seq.recipes import RECIPES
 PAPER = {"optimizer": "adagrad", "lr": 0.2, "warmup_steps": 32_000, "label_smoothing": 0.1, "layerscale_init": 0.2,
          "beam": 4, "preset": "base6"}
 DROPOUT = {"wmt14-en-de": 0.15, "wmt14-en-fr": 0.1}
-# Ott et al. (the setup the paper follows): joint BPE of 32K (En-De) / 40K (En-Fr); fairseq's scaling_nmt decoding
-OTT = {"wmt14-en-de": {"vocab_size": 32_000, "lenpen": 0.6}, "wmt14-en-fr": {"vocab_size": 40_000, "lenpen": 0.6}}
+# Ott et al. (the setup the paper follows): joint BPE of 32K (En-De) / 40K (En-Fr); fairseq's scaling_nmt README:
+# decoding --lenpen 0.6, training --max-tokens 3584 per GPU
+OTT = {"wmt14-en-de": {"vocab_size": 32_000, "lenpen": 0.6, "max_tokens": 3584},
+       "wmt14-en-fr": {"vocab_size": 40_000, "lenpen": 0.6, "max_tokens": 3584}}
+# fairseq/models/transformer base_architecture: attention_dropout 0.0, activation_dropout 0.0
+FAIRSEQ = {"attention_dropout": 0.0, "activation_dropout": 0.0}
+# Vaswani et al. section 6.1: "averaging the last 5 checkpoints" (base models)
+VASWANI = {"average_last": 5}
 
 
 def _train_args(*flags: str):
@@ -24,11 +30,61 @@ def _train_args(*flags: str):
 @pytest.mark.parametrize("recipe", sorted(DROPOUT))
 def test_recipe_sets_the_papers_values_with_their_sources(recipe):
     args = _train_args("--recipe", recipe)
-    expected = {**PAPER, "dropout": DROPOUT[recipe], **OTT[recipe]}
+    expected = {**PAPER, "dropout": DROPOUT[recipe], **OTT[recipe], **FAIRSEQ, **VASWANI}
     assert {k: getattr(args, k) for k in expected} == expected
     sources = {k: source for k, (_, source) in RECIPES[recipe].items()}
     assert all(sources[k] == "paper 3.6" for k in (*PAPER, "dropout"))
-    assert sources["lenpen"] == sources["vocab_size"] == "Ott et al."
+    assert all(sources[k] == "Ott et al." for k in OTT[recipe])
+    assert all(sources[k] == "fairseq transformer" for k in FAIRSEQ) and sources["average_last"] == "Vaswani et al."
+
+
+@pytest.mark.parametrize(("world", "flags", "update_freq"), [
+    ("8", [], 16),  # fairseq's scaling_nmt README: 8 GPUs, --max-tokens 3584 --update-freq 16 (= 128 GPUs)
+    ("1", [], 128),  # one process: the 128 GPUs' batches in one update
+    ("3", [], 43),  # rounded up: 3 x 43 x 3584 = 462,336 tokens, the fewest batches reaching 458,752
+    ("8", ["--max-tokens", "7168"], 8),  # larger batches (a bigger GPU): fewer of them per update
+    ("8", ["--update-freq", "2"], 2),  # given: as given
+])
+def test_the_recipe_derives_update_freq_from_the_processes_and_prints_the_batch(world, flags, update_freq,
+                                                                              monkeypatch, capsys):
+    from resmlp.commands import translate
+    from resmlp.seq2seq.recipes import TOKENS_PER_UPDATE
+
+    assert TOKENS_PER_UPDATE[0] == 3584 * 128 == 458_752  # Ott et al. section 3.6 follows: ~460k tokens per update
+    monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.delenv("RANK", raising=False)
+    trained = []
+    monkeypatch.setattr("resmlp.seq2seq.train.train_translation", lambda cfg, resume: trained.append(cfg) or {})
+    args = _train_args("--recipe", "wmt14-en-de", *flags)
+    assert translate.run_translate_train(args) == 0 and trained[0].update_freq == update_freq
+    printed = capsys.readouterr().err
+    tokens = int(flags[1]) if "--max-tokens" in flags else 3584
+    assert f"{tokens} tokens per batch x {update_freq} batches per update (--update-freq) x {world} processes = " \
+           f"{tokens * update_freq * int(world):,} tokens per update" in printed
+    if "--update-freq" not in flags:
+        assert tokens * update_freq * int(world) >= 458_752 > tokens * (update_freq - 1) * int(world)
+    monkeypatch.setenv("RANK", "1")  # other ranks print nothing
+    translate.run_translate_train(args)
+    assert "tokens per update" not in capsys.readouterr().err
+
+
+def test_a_recipe_batch_beyond_update_freqs_range_or_a_bad_world_size_is_one_line(monkeypatch, capsys):
+    from resmlp.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["translate", "train", "--recipe", "wmt14-en-de", "--max-tokens", "64", "--data", "D",
+                 "--output", "O"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "7168 batches of --max-tokens 64" in err and "raise --max-tokens" in err
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    assert main(["translate", "train", "--recipe", "wmt14-en-de", "--data", "D", "--output", "O"]) == 2
+    assert "WORLD_SIZE='two'" in capsys.readouterr().err
+
+
+def test_without_recipe_one_batch_makes_an_update():
+    from resmlp.commands.translate import _update_freq
+
+    assert _update_freq(_train_args()) == 1
 
 
 def test_flags_after_the_recipe_override_it_and_flags_before_it_are_refused(capsys):
@@ -39,7 +95,10 @@ def test_flags_after_the_recipe_override_it_and_flags_before_it_are_refused(caps
 
 
 def test_without_recipe_the_defaults_stay():
+    from resmlp.commands.translate import _fill_flags
+
     args = _train_args()
+    _fill_flags(args, args.flag_defaults)  # as run_translate_train does: the flags left out take their defaults
     assert args.warmup_steps == 500 and args.dropout is None and args.recipe is None
 
 
@@ -52,25 +111,46 @@ def test_the_recipe_model_is_the_papers():
     assert cfg.dropout == 0.15 and cfg.layerscale_init == 0.2
 
 
-def test_tokenized_bleu_names_its_tokenizer_and_uses_moses_where_installed(monkeypatch):
+def test_tokenized_bleu_is_moses_with_fairseqs_compound_splitting_by_default():
+    from resmlp.seq2seq.scoring import compound_split, scores
+
+    # fairseq's compound_split_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (matches do not overlap)
+    assert compound_split("a well-known x-y-z - b") == "a well ##AT##-##AT## known x ##AT##-##AT## y-z - b"
+    refs, hyps = ["Ein wohl-bekannter Hund."], ["Ein wohl-bekannter Kater."]
+    result = scores(hyps, refs, "de")
+    assert result["tokenized_bleu_tokens"] == "moses (de) + compound splitting"
+    # Moses splits the full stop and the hyphen is split: "Ein wohl ##AT##-##AT## bekannter Kater ." against the
+    # same with "Hund": 5/6 unigrams, 3/5 bigrams, 2/4 trigrams, 1/3 4-grams match, same length (no brevity penalty)
+    assert result["tokenized_bleu"] == pytest.approx(100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)
+    assert result["bleu"] < result["tokenized_bleu"]  # sacreBLEU's 13a keeps "wohl-bekannter" whole
+
+
+def test_without_sacremoses_no_tokenized_bleu_is_reported_under_the_papers_name(monkeypatch):
     import sys
-    import types
 
-    from resmlp.seq2seq.train import scores
+    from resmlp.seq2seq.scoring import scores
 
-    refs, hyps = ["a well-known cat ."], ["a well-known dog ."]
-    fallback = scores(hyps, refs, "de")
-    assert fallback["tokenized_bleu_tokens"].startswith("13a") and "nrefs:1" in fallback["bleu_signature"]
-    seen = []
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # import sacremoses -> ImportError
+    result = scores(["the cat sat on the mat ."], ["the cat sat on the mat ."], "en")
+    assert result["tokenized_bleu"] is None and "pip install 'sacremoses" in result["tokenized_bleu_tokens"]
+    assert result["bleu"] == pytest.approx(100.0)
 
-    class FakeMoses:  # stands in for sacremoses.MosesTokenizer: records the language, splits on spaces
-        def __init__(self, lang):
-            seen.append(lang)
 
-        def tokenize(self, text, return_str, escape):
-            assert return_str and not escape
-            return text
+def test_after_the_warm_up_adagrad_holds_its_rate_this_projects_choice_stated_in_the_recipe():
+    """Section 3.6 gives "Adagrad with learning rate 0.2, 32k steps of linear warmup" and nothing after; the
+    constant rate is this project's choice, stated where the recipe is (fairseq's scaling_nmt: inverse_sqrt)."""
+    import torch
 
-    monkeypatch.setitem(sys.modules, "sacremoses", types.SimpleNamespace(MosesTokenizer=FakeMoses))
-    moses = scores(hyps, refs, "de")
-    assert moses["tokenized_bleu_tokens"] == "moses" and seen == ["de"]
+    from resmlp.seq2seq import recipes
+    from resmlp.seq2seq.config import TranslationConfig
+    from resmlp.seq2seq.train import make_optimizer
+
+    cfg = TranslationConfig(output="o", task="numbers-en-de", optimizer="adagrad", lr=0.2, warmup_steps=4)
+    opt, sched = make_optimizer(torch.nn.Linear(2, 2), cfg)
+    rates = []
+    for _ in range(12):
+        rates.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert rates[:4] == pytest.approx([0.05, 0.1, 0.15, 0.2]) and rates[4:] == pytest.approx([0.2] * 8)
+    assert "this project's choice" in recipes.__doc__ and "inverse_sqrt" in recipes.__doc__

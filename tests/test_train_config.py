@@ -52,7 +52,8 @@ def test_all_errors_reported_together_with_suggestions(tmp_path):
     assert "did you mean 'lr'" in msg
     assert "train.batch_size: expected int, got 'big'" in msg
     assert "optim.name: 'adam' is not one of lamb, sgd, adamw" in msg
-    assert "does not exist" in msg and "schedule.epochs must be >= 1" in msg
+    assert "does not exist" in msg and "schedule.epochs=0" in msg and "outside the allowed range [1, " in msg
+    assert "schedule.epochs must be" not in msg  # one message per problem
 
 
 def test_bad_sections_models_and_recipes(tmp_path):

@@ -92,7 +92,8 @@ class _Killed(BaseException):
     """Stands for SIGKILL: nothing after it runs (not an Exception: no handler of the run catches it)."""
 
 
-END_OF_EPOCH_WRITES = ("last.safetensors", "best.safetensors", "metrics.csv", "learning_curves.png", "last.pth")
+# in the order of the writes: the state right after the checkpoints it vouches for, then the slow side outputs
+END_OF_EPOCH_WRITES = ("last.safetensors", "best.safetensors", "last.pth", "metrics.csv", "learning_curves.png")
 
 
 def _epoch_of(path) -> int:
@@ -104,9 +105,10 @@ def _epoch_of(path) -> int:
 @pytest.mark.parametrize("killed_after", range(len(END_OF_EPOCH_WRITES)))
 def test_a_kill_between_two_end_of_epoch_writes_resumes_into_files_of_the_right_epochs(
         tmp_path, monkeypatch, killed_after):
-    """The state file is written last, vouching for every file before it: killed after any one write of the
-    first epoch's end, the files the state names hold its epochs, and the resumed run ends as an
-    uninterrupted one (same weights, same selected epoch, one metrics row per epoch)."""
+    """The state file is written right after the checkpoints, vouching for them (the side outputs follow and a
+    resume redraws them): killed after any one write of the first epoch's end, the files the state names hold
+    its epochs, and the resumed run ends as an uninterrupted one (same weights, same selected epoch, one metrics
+    row per epoch)."""
     import os
 
     from safetensors.torch import load_file

@@ -44,13 +44,13 @@ def __dir__() -> list[str]:
 
 
 def _register_with_timm() -> None:
-    """Importing resmlp.models registers the presets (resmlp.models.pretrained's last line). While our own model
+    """Importing resmlp.models.pretrained registers the presets (its last line). While our own model
     modules are being imported (they import timm themselves) that is on its way and must not start early."""
     if any(name == "resmlp.layers" or name.startswith("resmlp.models")
            for name, module in list(sys.modules.items())
            if getattr(getattr(module, "__spec__", None), "_initializing", False)):
         return
-    importlib.import_module("resmlp.models")
+    importlib.import_module("resmlp.models.pretrained")
 
 
 class _AfterTimmImport(importlib.abc.MetaPathFinder):

@@ -4,6 +4,8 @@
     timm:NAME           any timm architecture (random weights unless a weights file is given)
     torchvision:NAME    any torchvision classifier (random weights unless a weights file is given)
     path/to/checkpoint  a checkpoint file: ours (.safetensors with its config), timm's or DeiT's
+    preset.TAG          a preset's published weights as timm names them (resmlp_s12.fb_in1k): their file,
+                        from the Hugging Face cache (resmlp.models.weight_tags)
 
 `build_model(spec, ...)` makes the model; `model_input(spec, ...)` says what input it takes without building
 it where it can. Fine-tuning helpers live here too: a checkpoint start at a new resolution, freezing.
@@ -50,6 +52,11 @@ def parse_model_name(spec: str) -> ModelName:
         return ModelName("preset", spec)
     if spec.endswith(CHECKPOINT_SUFFIXES) or Path(spec).is_file():
         return ModelName("file", spec)
+    from resmlp.models.weight_tags import tagged_weights
+
+    weights = tagged_weights(spec)  # PRESET.TAG, timm's name of published weights: their local file
+    if weights is not None:
+        return ModelName("file", str(weights))
     close = difflib.get_close_matches(spec, list(PRESETS), n=3)
     hint = f" did you mean {', '.join(close)}?" if close else ""
     import timm

@@ -220,8 +220,29 @@ def load(path: str | Path, allow_nonfinite: bool = False, **overrides: Any) -> t
 def load_with_metadata(path: str | Path, allow_nonfinite: bool = False,
                        **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
     """`load` and `read_metadata` from one read of the file: the model and the metadata saved with it."""
+    model, header = load_with_header(path, allow_nonfinite, **overrides)
+    return model, header.get("extra", {})
+
+
+def load_with_header(path: str | Path, allow_nonfinite: bool = False,
+                     **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model and everything the file says about itself: read_checkpoint's metadata ('config', 'timm',
+    'torchvision', 'extra'; 'torch' for torch files) and 'layout', the key layout of its weights (one of
+    resmlp.models.formats.FORMATS, None for timm/torchvision models): what the evaluation preprocessing of a
+    file without preprocessing metadata is chosen by (resmlp.preprocess.preprocess_of_file)."""
     tensors, meta = read_checkpoint(path, allow_nonfinite)
-    return _build_from_tensors(path, tensors, meta, overrides), meta.get("extra", {})
+    try:
+        layout = None if "timm" in meta or "torchvision" in meta else detect_format(tensors)
+    except CheckpointError:
+        layout = None  # _build_from_tensors refuses the file with its own message
+        state = meta.get("torch", {})
+        if state.get("kind") == "state":  # a timm:/torchvision: run's state holds no architecture to rebuild
+            model = (state.get("run_config") or {}).get("model")
+            name = model.get("name") if isinstance(model, dict) else None
+            raise CheckpointError(f"{path} is the training state of a {name!s:.60} run, which it cannot rebuild; "
+                                  f"evaluate the run's {Path(path).with_name('last.safetensors')} (the same weights, "
+                                  "with the run's preprocessing)") from None
+    return _build_from_tensors(path, tensors, meta, overrides), {**meta, "layout": layout}
 
 
 def _build_from_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any],

@@ -36,7 +36,7 @@ import torch
 from safetensors import safe_open
 
 from resmlp.errors import CheckpointError, ResmlpError
-from resmlp.models.formats import WRAPPER_KEYS, unwrap_state_dict
+from resmlp.models.formats import WRAPPER_KEYS, torch_file_origin, unwrap_state_dict
 
 MAX_DEPTH = 32  # containers in any checkpoint this project reads are a few levels deep
 
@@ -76,10 +76,11 @@ def read_state_dict(path: str | Path, allow_nonfinite: bool = False, checkpoint_
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """A model's weights from a .safetensors file or a torch file, and the file's metadata.
 
-    Metadata: safetensors headers' 'config', 'timm', 'extra' entries as this project writes them ({} for torch
-    files). Training checkpoints are unwrapped (`resmlp.models.formats.unwrap_state_dict`; `checkpoint_key`
-    picks the entry). Raises CheckpointError for everything `read_torch_file` refuses and for non-string
-    names, dtypes no weight has, and NaN/infinite values (`allow_nonfinite=True` only warns).
+    Metadata: safetensors headers' 'config', 'timm', 'extra' entries as this project writes them; for torch
+    files only 'torch', what the file is (`resmlp.models.formats.torch_file_origin`). Training checkpoints are
+    unwrapped (`resmlp.models.formats.unwrap_state_dict`; `checkpoint_key` picks the entry). Raises
+    CheckpointError for everything `read_torch_file` refuses and for non-string names, dtypes no weight has, and
+    NaN/infinite values (`allow_nonfinite=True` only warns).
     """
     path = Path(path)
     if path.suffix == ".safetensors":
@@ -96,7 +97,7 @@ def read_state_dict(path: str | Path, allow_nonfinite: bool = False, checkpoint_
         if found is None:
             raise CheckpointError(f"{path} holds no state dict (a dict of tensors, flat or under one of "
                                   f"{', '.join(map(repr, WRAPPER_KEYS))})")
-        tensors, meta = found, {}
+        tensors, meta = found, {"torch": torch_file_origin(obj)}  # the preprocessing rule reads it
     check_state_dict(tensors, path, allow_nonfinite)
     return tensors, meta
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -29,6 +28,7 @@ COMMAND_MODULES = (
     "resmlp.commands.analyze",
     "resmlp.commands.benchmark",
     "resmlp.commands.translate",
+    "resmlp.commands.data",
 )
 
 
@@ -93,9 +93,9 @@ def _resume_hint(args: argparse.Namespace) -> str:
     if not (Path(args.output) / "last.pth").is_file():
         return ("; nothing to resume yet: the first state file (last.pth) is written at the end of epoch 1; run "
                 "the command again, with --set train.checkpoint_every_steps=N to save every N steps within epochs")
-    words = ["resmlp", args.command, *([args.method] if args.command == "pretrain" else []),
-             *([args.checkpoint] if args.command == "finetune" else []), "--output", str(args.output), "--resume"]
-    return f"; continue it with: {shlex.join(words)}"
+    from resmlp.commands.common import continue_command
+
+    return f"; continue it with: {continue_command(args)}"
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ class OutputError(ResmlpError, OSError):
     """An output folder or file that can't be written (locked by another run, not a folder, read-only)."""
 
 
+class InstallError(ResmlpError, ImportError):
+    """A package this project uses that is installed but fails to import (a damaged or half-upgraded install)."""
+
+
 # what to do about an OSError, by errno: the part of the message the operating system doesn't say
 _OS_ADVICE = {
     errno.ENOSPC: "the disk is full; free space or write elsewhere",

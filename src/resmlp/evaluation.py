@@ -14,16 +14,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
-from resmlp.data import KINDS, ShardSampler, build_dataset, collate_skipping, heldout_split
+from resmlp.data import ShardSampler, build_dataset, heldout_split, resolve_data
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.batch_augment import BatchAugment, eval_batches
+from resmlp.data.loaders import eval_loader
+from resmlp.data.sources import SourceSpec, spec_from_config
 from resmlp.runtime import (
     DistInfo,
     all_reduce_sum,
     autocast,
     check_device_name,
+    data_workers,
     is_accelerator,
     precision_name,
     resolve_amp,
@@ -36,8 +38,8 @@ EVAL_BATCH_SIZE = 256  # `resmlp eval`'s default, and the batch of a run's final
 @torch.no_grad()
 def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torch.device, amp: str,
              info: DistInfo | None = None) -> dict[str, Any]:
-    """Loss, top-1, top-5 (percent) and the confusion matrix of (images, targets, skipped) batches, summed over
-    all ranks. Non-finite logits are an error: a broken model gets no score.
+    """Loss, top-1, top-5 (percent; None for 5 classes or fewer) and the confusion matrix of (images, targets,
+    skipped) batches, summed over all ranks. Non-finite logits are an error: a broken model gets no score.
 
     The sums stay on `device` and are read once at the end: a GPU never waits for the host between batches.
     """
@@ -46,7 +48,7 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
     # loss sum, top-5 hits, non-finite batches (float64: integer counts stay exact below 2**53)
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     images, skipped = 0, 0  # known on the host: no read
-    k = min(5, num_classes)
+    top5 = num_classes > 5  # top-5 of 5 classes or fewer is 100 % whatever the model: not a score
     for batch_images, targets, batch_skipped in batches:
         batch_images = batch_images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
@@ -54,7 +56,8 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
             logits = model(batch_images)
         logits = logits.float()
         sums += torch.stack([nn.functional.cross_entropy(logits, targets, reduction="sum"),
-                             (logits.topk(k, dim=1).indices == targets[:, None]).any(dim=1).sum(),
+                             (logits.topk(5, dim=1).indices == targets[:, None]).any(dim=1).sum() if top5
+                             else torch.zeros((), device=device),
                              (~torch.isfinite(logits).all())]).double()
         # scatter_add, not bincount: bincount sizes its output from the data, a host read on a GPU
         cell = targets * num_classes + logits.argmax(dim=1)
@@ -71,8 +74,9 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
         raise ValueError("the model's outputs are NaN or infinite (non-finite weights?); no accuracy to report")
     confusion = np.rint(values[5:]).astype(np.int64).reshape(num_classes, num_classes)
     n = max(images, 1)
-    return dict(loss=loss_sum / n, top1=100.0 * int(confusion.trace()) / n, top5=100.0 * top5_hits / n,
-                images=int(images), skipped=int(skipped), confusion=confusion)
+    return dict(loss=loss_sum / n, top1=100.0 * int(confusion.trace()) / n,
+                top5=100.0 * top5_hits / n if top5 else None, images=int(images), skipped=int(skipped),
+                confusion=confusion)
 
 
 def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: int, num_workers: int,
@@ -81,15 +85,20 @@ def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: in
     when it is a GPU: the images are kept there) when `batched` is the exact batched form of the evaluation
     transform, else by a DataLoader."""
     world, rank = (info.world_size, info.rank) if info else (1, 0)
-    shard = ShardSampler(len(dataset), world, rank)
     if batched is not None:
+        shard = ShardSampler(len(dataset), world, rank)
         return eval_batches(dataset, shard, batch_size, batched, device if is_accelerator(device) else None)
-    return DataLoader(dataset, batch_size=batch_size, sampler=shard, num_workers=num_workers,
-                      collate_fn=collate_skipping, pin_memory=is_accelerator(device))
+    return eval_loader(dataset, batch_size, data_workers(num_workers), world, rank, is_accelerator(device))
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file, or a run folder (its best.safetensors)."""
+    """A checkpoint file, a run folder (its best.safetensors), or published weights named as timm names them
+    (resmlp_s12.fb_in1k: their file in the cache, resmlp.models.weight_tags)."""
+    from resmlp.models.weight_tags import tagged_weights
+
+    weights = None if Path(path).exists() else tagged_weights(str(path))
+    if weights is not None:
+        return weights
     path = Path(path)
     if path.is_dir():
         best = path / "best.safetensors"
@@ -106,15 +115,18 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
              split: str | None = None, output: str | Path | None = None, batch_size: int = EVAL_BATCH_SIZE,
              num_workers: int = 2,
              device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False,
-             announce: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             announce: Callable[[dict[str, Any]], None] | None = None,
+             crop_pct: float | None = None) -> dict[str, Any]:
     """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
 
-    data: a dataset kind (fashion-mnist, folder, cifar10, cifar100, synthetic) or a folder path (then
-    `folder`, reading DIR/<split>/<class>/ images); None: the dataset the checkpoint was trained on. split:
+    data: a source (resmlp.data.sources: folder:DIR, wds:PATTERN, hf:DIR, fashion-mnist, cifar10:DIR...), a
+    dataset kind with its folder in `data_dir`, or a folder path (DIR/<split>/<class>/ images); None: the
+    dataset the checkpoint was trained on. split:
     train, val or test; None: test where the dataset has one, else val (resmlp.data.heldout_split). With
     `output`, writes OUTPUT/summary.json (keys as a training run's) and OUTPUT/confusion_matrix.png (none with
     plot=False); without it, no file. `announce(summary)` is called before any file is written, so a score
-    is shown even when the output folder can't be written.
+    is shown even when the output folder can't be written. crop_pct: replaces the evaluation crop (the
+    preprocessing is resmlp.preprocess.preprocess_of_file's; summary["preprocess_note"] says what was assumed).
     """
     from resmlp import reporting
     from resmlp.hostinfo import host_info
@@ -122,21 +134,20 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
 
     check_device_name(device)
     checkpoint = resolve_checkpoint(checkpoint)
-    loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
     options: dict[str, Any] = {}
-    if data is None and data_dir is None:
-        data, data_dir, options = _run_data(checkpoint)
-    data = data or loaded.dataset
-    if data is None:
-        raise ValueError(f"{checkpoint} does not say which dataset it was trained on; pass --data KIND or a folder")
-    if data not in KINDS:
-        if not Path(data).is_dir():
-            raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
-        data, data_dir = "folder", data
-    split = split or heldout_split(data, data_dir)
+    spec = resolve_data(data, data_dir) if data is not None else None
+    if spec is None and data_dir is None:
+        spec, options = _run_data(checkpoint)
+    loaded = load_for_inference(checkpoint, dataset=spec.kind if spec else None, crop_pct=crop_pct)
+    if spec is None:
+        if loaded.dataset is None:
+            raise ValueError(f"{checkpoint} does not say which dataset it was trained on; pass --data KIND or a "
+                             "folder")
+        spec = resolve_data(loaded.dataset, data_dir)
+    data = spec.kind
+    split = split or heldout_split(spec)
     pre = loaded.preprocess
-    dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size,
-                            **options)
+    dataset = build_dataset(spec, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size, **options)
     names = dataset.class_names
     num_classes = loaded.num_classes
     if num_classes != len(names):
@@ -153,10 +164,10 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                if isinstance(dataset, ArrayDataset) else None)
     batches = eval_batches_or_loader(dataset, batched, batch_size, num_workers, device=torch_device)
     if progress:
-        from tqdm.auto import tqdm
+        from resmlp.progress import progress_bar
 
-        batches = tqdm(batches, desc=f"eval {data} {split}", unit="batch", dynamic_ncols=True,
-                       total=-(-len(dataset) // batch_size))  # a generator has no len: the ETA needs the total
+        batches = progress_bar(batches, desc=f"eval {data} {split}", unit="batch",
+                               total=-(-len(dataset) // batch_size))  # a generator has no len: the ETA needs the total
     result = classify(loaded.model.to(torch_device), batches, len(names), torch_device, precision)
     confusion = result.pop("confusion")
     per_class = {name: round(100.0 * confusion[i, i] / max(confusion[i].sum(), 1), 2)
@@ -168,7 +179,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                    wall_seconds=round(time.perf_counter() - start, 1), checkpoint=str(checkpoint.resolve()),
                    loss=result["loss"], images=result["images"], skipped_images=result["skipped"],
                    dataset=data, split=split, per_class_top1=per_class, precision=precision_name(precision),
-                   device=str(torch_device), batch_size=batch_size, host=host_info(precision))
+                   device=str(torch_device), batch_size=batch_size, host=host_info(precision),
+                   preprocess=dict(pre.to_dict(), source=pre.source), preprocess_note=pre.note or None)
     if announce is not None:
         announce(summary)
     if output is not None:  # only where asked: never beside the checkpoint, whose folder may be read-only
@@ -179,10 +191,10 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     return summary
 
 
-def _run_data(checkpoint: Path) -> tuple[str | None, str | None, dict[str, Any]]:
-    """(kind, folder, options) of the run whose config.json sits next to `checkpoint` (a run's image folder,
+def _run_data(checkpoint: Path) -> tuple[SourceSpec | None, dict[str, Any]]:
+    """(source, options) of the run whose config.json sits next to `checkpoint` (a run's image folder,
     generated data and pixel permutation are in its config, not in the checkpoint): `options` are
-    build_dataset's arguments that make the run's own splits; (None, None, {}) outside a run."""
+    build_dataset's arguments that make the run's own splits; (None, {}) outside a run."""
     from resmlp.errors import ConfigError
     from resmlp.fileio import read_json_object
 
@@ -192,14 +204,16 @@ def _run_data(checkpoint: Path) -> tuple[str | None, str | None, dict[str, Any]]
     if not isinstance(data, dict) or not isinstance(train, dict):
         raise ConfigError(f"run config {config}: data and train must be objects; restore the file or pass --data "
                           "(and --data-dir)")
-    kind, folder = data.get("kind"), data.get("dir")
-    if not all(v is None or isinstance(v, str) for v in (kind, folder)):
-        raise ConfigError(f"run config {config}: data.kind and data.dir must be strings, got {kind!r} and {folder!r}"
-                          "; restore the file or pass --data (and --data-dir)")
+    kind, folder, source = data.get("kind"), data.get("dir"), data.get("source")
+    if not all(v is None or isinstance(v, str) for v in (kind, folder, source)):
+        raise ConfigError(f"run config {config}: data.source, data.kind and data.dir must be strings, got {source!r}, "
+                          f"{kind!r} and {folder!r}; restore the file or pass --data (and --data-dir)")
+    if not (source or kind):
+        return None, {}
     options = {key: data[key] for key in ("synthetic_classes", "permute", "permute_patch", "permute_seed")
                if key in data}
     if "synthetic_size" in data:
         options["synthetic_size"] = tuple(data["synthetic_size"])
     if "seed" in train:
         options["seed"] = train["seed"]
-    return kind, folder, options
+    return spec_from_config(source, kind, folder), options

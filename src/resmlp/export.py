@@ -1,7 +1,9 @@
 """Export a model for other runtimes: ONNX (dynamic batch size) and TorchScript.
 
 Both export the fp32 inference model of `resmlp.inference.optimize` (Affines folded, token-major
-layout), so other runtimes get the same single-product cross-patch layer as PyTorch does.
+layout) of a ResMLP or Mixer, so other runtimes get the same single-product cross-patch layer as PyTorch does;
+any other model `resmlp train` trains (timm:NAME, torchvision:NAME) is exported as it is, in eval mode, for
+the input size its checkpoint records.
 """
 
 from __future__ import annotations
@@ -45,16 +47,29 @@ def preprocessing_metadata(preprocess: Preprocess, class_names: list[str] | None
     return meta
 
 
-def _example_input(model: ResMLP, batch: int = 2) -> torch.Tensor:
-    cfg = model.config
-    return torch.randn(batch, cfg.in_chans, cfg.img_size, cfg.img_size)
+def _example_input(model: torch.nn.Module, input_size: tuple[int, int] | None, batch: int = 2) -> torch.Tensor:
+    """A batch of the input the model takes: `input_size` (channels, side), else a ResMLP's config's."""
+    if input_size is None:
+        if not isinstance(model, ResMLP):
+            raise ValueError(f"exporting a {type(model).__name__} needs its input size (channels, side): its "
+                             "checkpoint's preprocess metadata, or input_size=(C, S)")
+        input_size = (model.config.in_chans, model.config.img_size)
+    chans, side = input_size
+    return torch.randn(batch, chans, side, side)
 
 
-def export_onnx(model: ResMLP, path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+def _inference_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A ResMLP/Mixer folded for inference (resmlp.inference.optimize); any other model as it is, in eval mode."""
+    return optimize(model.cpu(), "fp32") if isinstance(model, ResMLP) else model.cpu().eval()
+
+
+def export_onnx(model: torch.nn.Module, path: str | Path, metadata: dict[str, str] | None = None,
+                input_size: tuple[int, int] | None = None) -> Path:
     """Write an ONNX graph with input 'images' (batch, C, H, W) -> 'logits' (batch, classes), batch dynamic;
-    `metadata` goes into the model's metadata_props (onnxruntime: session.get_modelmeta().custom_metadata_map)."""
-    fast = optimize(model.cpu(), "fp32")
-    example = _example_input(model)
+    `metadata` goes into the model's metadata_props (onnxruntime: session.get_modelmeta().custom_metadata_map).
+    input_size: (channels, side) for a model that is not a ResMLP/Mixer."""
+    example = _example_input(model, input_size)
+    fast = _inference_model(model)
 
     def write(tmp: Path) -> None:
         batch = torch.export.Dim("batch", min=1)
@@ -63,7 +78,7 @@ def export_onnx(model: ResMLP, path: str | Path, metadata: dict[str, str] | None
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 fast, (example,), dynamo=True, input_names=["images"], output_names=["logits"],
-                dynamic_shapes={"x": {0: batch}}, opset_version=ONNX_OPSET, verbose=False,
+                dynamic_shapes=({0: batch},), opset_version=ONNX_OPSET, verbose=False,
             )
         program.save(str(tmp))
         if metadata:
@@ -76,33 +91,36 @@ def export_onnx(model: ResMLP, path: str | Path, metadata: dict[str, str] | None
     return atomic_write(path, write)
 
 
-def export_torchscript(model: ResMLP, path: str | Path) -> Path:
+def export_torchscript(model: torch.nn.Module, path: str | Path, input_size: tuple[int, int] | None = None) -> Path:
     """Write a traced TorchScript module (load with torch.jit.load) that accepts any batch size."""
-    fast = optimize(model.cpu(), "fp32")
+    example = _example_input(model, input_size)
+    fast = _inference_model(model)
 
     def write(tmp: Path) -> None:
         # TorchScript is deprecated upstream in favour of torch.export but still what many serving
         # stacks load; its deprecation and tracer warnings (about the Python-side input checks) are noise
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            traced = torch.jit.trace(fast, _example_input(model), check_trace=False)
-        # into memory first, then written by Python: torch.jit.save to a path aborts the process (a C++ exception
-        # in a destructor) when the disk fills; Python's write raises OSError(ENOSPC), which atomic_write names
-        buffer = io.BytesIO()
-        torch.jit.save(traced, buffer)
+            traced = torch.jit.trace(fast, example, check_trace=False)
+            # into memory first, then written by Python: torch.jit.save to a path aborts the process (a C++
+            # exception in a destructor) when the disk fills; Python's write raises OSError(ENOSPC), which
+            # atomic_write names
+            buffer = io.BytesIO()
+            torch.jit.save(traced, buffer)
         tmp.write_bytes(buffer.getbuffer())
 
     return atomic_write(path, write)
 
 
-def export(model: ResMLP, path: str | Path, format: str | None = None,
-           metadata: dict[str, str] | None = None) -> Path:
+def export(model: torch.nn.Module, path: str | Path, format: str | None = None,
+           metadata: dict[str, str] | None = None, input_size: tuple[int, int] | None = None) -> Path:
     """Export `model` in `format` ('onnx' or 'torchscript'; None: from the extension of `path`) to `path`;
-    `metadata` (e.g. preprocessing_metadata(...)) is written into an ONNX file."""
+    `metadata` (e.g. preprocessing_metadata(...)) is written into an ONNX file. input_size: (channels, side)
+    of a model that is not a ResMLP/Mixer (whose config holds it)."""
     format = format or format_of(path)
     if format == "onnx":
-        return export_onnx(model, path, metadata)
+        return export_onnx(model, path, metadata, input_size)
     if format == "torchscript":
-        return export_torchscript(model, path)
+        return export_torchscript(model, path, input_size)
     raise ValueError(f"unknown export format {format!r}; choose one of {', '.join(FORMATS)}")
 

@@ -24,7 +24,7 @@ from resmlp.errors import CheckpointError
 from resmlp.folding import FusedBlock, fuse
 from resmlp.hostinfo import native_bf16
 from resmlp.models.resmlp import ResMLP
-from resmlp.preprocess import Preprocess
+from resmlp.preprocess import Preprocess, preprocess_of_file
 from resmlp.runtime import compile_module
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -163,6 +163,8 @@ def optimize(model: nn.Module, precision: str = "fp32", compile: bool | str = Fa
         if precision != "fp32":
             raise ValueError(f"precision {precision} is for ResMLP/Mixer models; this checkpoint holds a "
                              f"{type(model).__name__}: use --precision fp32")
+        warnings.warn(f"optimize: {type(model).__name__} is not a ResMLP/Mixer, so nothing was folded: it runs as "
+                      f"it is, in fp32 and eval mode{', compiled (' + mode + ')' if mode else ''}", stacklevel=2)
         fast = CastingWrapper(model.float()).eval().requires_grad_(False)
         return compile_for_inference(fast, mode) if mode else fast
     fused = fuse(model).float()
@@ -321,14 +323,19 @@ class LoadedModel:
                 or [f"class_{i}" for i in range(self.num_classes)])
 
 
-def load_for_inference(path: str | Path, dataset: str | None = None) -> LoadedModel:
-    """Read a checkpoint once: model, preprocessing (its metadata, else `dataset`'s statistics or ImageNet's),
-    class names and dataset kind."""
-    from resmlp.checkpoint import load_with_metadata
+def load_for_inference(path: str | Path, dataset: str | None = None, crop_pct: float | None = None) -> LoadedModel:
+    """Read a checkpoint once: model, preprocessing (resmlp.preprocess.preprocess_of_file: the file's, a training
+    state's run config, or assumed by the file's kind with `preprocess.note` saying so; `crop_pct` replaces the
+    crop), class names and dataset kind."""
+    from resmlp.checkpoint import load_with_header
 
-    model, metadata = load_with_metadata(path)
+    model, header = load_with_header(path)
     model.eval()
-    pre = Preprocess.from_metadata(metadata, model, dataset=dataset or metadata.get("dataset"))
+    metadata = dict(header.get("extra") or {})
+    run_data = ((header.get("torch") or {}).get("run_config") or {}).get("data")
+    if not metadata and isinstance(run_data, dict) and isinstance(run_data.get("kind"), str):
+        metadata["dataset"] = run_data["kind"]  # a training state: the run's dataset
+    pre = preprocess_of_file(header, model, dataset=dataset or metadata.get("dataset"), crop_pct=crop_pct)
     names = metadata.get("class_names")
     names = [str(n) for n in names] if isinstance(names, list) else None
     loaded = LoadedModel(model, pre, names, metadata.get("dataset"), metadata)

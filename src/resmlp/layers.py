@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import nn
 
+from resmlp.models.config import ACTIVATION_NAMES, CROSS_PATCH, NORMS  # noqa: F401 (re-exported)
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "gelu": nn.GELU,
     "relu": nn.ReLU,
     "silu": nn.SiLU,
     "hardswish": nn.Hardswish,
 }
-NORMS = ("affine", "layernorm", "batchnorm", "l2", "none")
-CROSS_PATCH = ("linear", "none", "mlp", "conv3x3", "dwconv3x3", "dwsep3x3")
 
 
 class Affine(nn.Module):

@@ -4,14 +4,24 @@ A checkpoint's metadata["preprocess"] holds img_size, in_chans, mean, std, crop_
 Evaluation everywhere (predict, eval, the probes, DINO's k-NN, the benchmarks' agreement check) uses
 `Preprocess.eval_transform()`, which is timm's: resize the shorter side to floor(img_size / crop_pct),
 centre-crop img_size, ToTensor, Normalize. timm's rule because timm's and DeiT's published weights were
-evaluated with it. A checkpoint without preprocessing metadata (timm's or DeiT's files) gets the dataset's
-statistics (ImageNet's for image folders) and timm's default crop, DEFAULT_CROP_PCT.
+evaluated with it.
+
+Which preprocessing a file gets is one rule, `preprocess_of_file` (eval, predict, the probes):
+- a file with preprocessing metadata (a run's best/last.safetensors, resmlp.save(..., metadata=...)): its own;
+- a run's training state (last.pth): the run's, from the config the state carries;
+- a file without metadata is assumed by where its weights come from, and the assumption is printed
+  (`Preprocess.note`): ResMLP weights in DeiT's or timm's layout at the authors' test crop 0.9 (DeiT's
+  README_resmlp.md: "a crop-ratio of 0.9 at test time"; timm's own resmlp pretrained_cfg says 0.875), a DINO
+  checkpoint as DINO's eval_knn.py / eval_linear.py (Resize 256, CenterCrop 224: 0.875), Mixer weights in timm's
+  layout as timm's Mixer pretrained_cfg (Google's weights: mean = std = 0.5, crop 0.875), a timm model as its
+  pretrained_cfg, and this project's layout at timm's default crop DEFAULT_CROP_PCT with the dataset's statistics;
+- `--crop-pct` (crop_pct=...) replaces the crop of any of these.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +45,8 @@ MIN_CROP_PCT = 0.1
 
 @dataclass(frozen=True)
 class Preprocess:
-    """Evaluation preprocessing of one model; `source` says where it came from ("checkpoint" or "defaults")."""
+    """Evaluation preprocessing of one model; `source` says where it came from ("checkpoint", "run config" or
+    "assumed") and `note`, when not empty, is the one line to print: what was assumed or overridden."""
 
     img_size: int
     in_chans: int
@@ -44,6 +55,7 @@ class Preprocess:
     crop_pct: float = DEFAULT_CROP_PCT
     interpolation: str = "bicubic"
     source: str = "checkpoint"
+    note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(img_size=self.img_size, crop_pct=self.crop_pct, interpolation=self.interpolation,
@@ -52,20 +64,15 @@ class Preprocess:
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], model: torch.nn.Module,
                       dataset: str | None = None) -> Preprocess:
-        """From a checkpoint's metadata["preprocess"]. Without one (timm, DeiT checkpoints): the statistics of
-        `dataset` (a dataset kind) when given, else ImageNet's, with timm's default crop DEFAULT_CROP_PCT."""
+        """From a checkpoint's metadata["preprocess"]; without one, what `preprocess_of_file` assumes for weights
+        in this project's layout: the statistics of `dataset` (a dataset kind) when given, else ImageNet's, with
+        timm's default crop DEFAULT_CROP_PCT."""
+        return preprocess_of_file({"extra": metadata, "layout": "resmlp"}, model, dataset)
+
+    @classmethod
+    def _from_checked(cls, pre: Any, model: torch.nn.Module) -> Preprocess:
+        """From a metadata["preprocess"]-shaped dict, every field checked, and checked against the model."""
         cfg = getattr(model, "config", None)
-        pre = metadata.get("preprocess")
-        if not pre:
-            if cfg is None:
-                raise ValueError("the checkpoint has no preprocessing metadata and its model no ResMLP config; "
-                                 "save it with resmlp.save(..., metadata={'preprocess': {...}}) (docs/inference.md)")
-            if dataset is None and cfg.in_chans != 3:
-                raise ValueError(f"the checkpoint has no preprocessing metadata and the model takes {cfg.in_chans} "
-                                 "channels, so ImageNet defaults don't apply; re-save it with "
-                                 "metadata={'preprocess': {...}} (see docs/inference.md)")
-            mean, std = dataset_stats(dataset or "folder", cfg.in_chans)
-            return cls(cfg.img_size, cfg.in_chans, mean, std, DEFAULT_CROP_PCT, "bicubic", source="defaults")
         made = cls._from_fields(pre)
         made.check()
         if cfg is not None and (made.img_size, made.in_chans) != (cfg.img_size, cfg.in_chans):
@@ -147,6 +154,104 @@ class Preprocess:
             return (transform or self.eval_transform())(image)
         except DataError as e:  # ResizeBound's refusal, which can't know the file
             raise DataError(f"image {path}: {e}") from None
+
+
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # timm's IMAGENET_DEFAULT_MEAN / _STD
+# The preprocessing of weights that come without metadata, by where they come from: (mean/std, crop, source).
+# None for the statistics: the dataset's (this project's own layout, trained on anything).
+ASSUMED: dict[str, tuple[tuple[tuple[float, ...], tuple[float, ...]] | None, float, str]] = {
+    "deit_resmlp": (IMAGENET_STATS, 0.9, "ResMLP weights in DeiT's layout: the authors' test crop, DeiT's "
+                                         "README_resmlp.md \"a crop-ratio of 0.9 at test time\""),
+    "timm_resmlp": (IMAGENET_STATS, 0.9, "ResMLP weights in timm's layout: the authors' test crop, DeiT's "
+                                         "README_resmlp.md \"a crop-ratio of 0.9 at test time\" (timm's "
+                                         "pretrained_cfg says 0.875)"),
+    "timm_mixer": (((0.5,) * 3, (0.5,) * 3), 0.875, "Mixer weights in timm's layout: timm's Mixer pretrained_cfg "
+                                                    "(Google's weights)"),
+    "dino": (IMAGENET_STATS, 0.875, "a DINO checkpoint: DINO's eval_knn.py / eval_linear.py, Resize(256) + "
+                                    "CenterCrop(224)"),
+    "resmlp": (None, DEFAULT_CROP_PCT, "weights in this project's layout without preprocessing metadata: timm's "
+                                       "default crop"),
+}
+
+
+def preprocess_of_file(header: dict[str, Any], model: torch.nn.Module, dataset: str | None = None,
+                       crop_pct: float | None = None) -> Preprocess:
+    """The evaluation preprocessing of a loaded file (the module docstring's rule). header: what
+    resmlp.checkpoint.load_with_header returns; dataset: the dataset kind it is evaluated on, if known;
+    crop_pct: the user's crop (--crop-pct), replacing the file's or the assumed one."""
+    extra = header.get("extra") or {}
+    origin = header.get("torch") or {}
+    if extra.get("preprocess"):
+        pre = Preprocess._from_checked(extra["preprocess"], model)
+    elif origin.get("kind") == "state":
+        pre = _of_run_config(origin.get("run_config"), model)
+    else:
+        pre = _assumed(header, origin.get("kind"), model, dataset)
+    if crop_pct is None or crop_pct == pre.crop_pct:
+        return pre
+    if not MIN_CROP_PCT <= crop_pct <= 1.0:  # NaN fails too
+        raise ValueError(f"--crop-pct {crop_pct} must be in [{MIN_CROP_PCT}, 1] (the centre crop's share of the "
+                         "image; the authors' ResMLP crop is 0.9)")
+    note = (pre.note.replace(f"crop {pre.crop_pct}", f"crop {crop_pct} (--crop-pct)") if pre.note else
+            f"preprocessing: crop {crop_pct} from --crop-pct instead of the {pre.source}'s {pre.crop_pct}")
+    return replace(pre, crop_pct=crop_pct, note=note)
+
+
+def _of_run_config(config: Any, model: torch.nn.Module) -> Preprocess:
+    """A training state's preprocessing: its run config's data section for the model's input, as the run
+    built it (resmlp.data.assemble.run_preprocess); checked as metadata is."""
+    data = config.get("data") if isinstance(config, dict) else None
+    cfg = getattr(model, "config", None)
+    if not isinstance(data, dict) or cfg is None or not isinstance(data.get("kind"), str):
+        raise CheckpointError("the training state's run config has no readable data section; evaluate the run's "
+                              "last.safetensors or best.safetensors instead")
+    if data.get("mean") and data.get("std"):
+        mean, std = data["mean"], data["std"]
+    else:
+        mean, std = dataset_stats(data["kind"], cfg.in_chans)
+    fields = dict(img_size=cfg.img_size, in_chans=cfg.in_chans, mean=list(mean), std=list(std),
+                  crop_pct=data.get("crop_pct", DEFAULT_CROP_PCT), interpolation=data.get("interpolation", "bicubic"))
+    return replace(Preprocess._from_checked(fields, model), source="run config")
+
+
+def _assumed(header: dict[str, Any], kind: str | None, model: torch.nn.Module, dataset: str | None) -> Preprocess:
+    """The preprocessing of a file without metadata, by where its weights come from (ASSUMED), with its note."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return _assumed_foreign(model)
+    stats, crop, why = ASSUMED["dino" if kind == "dino" else header.get("layout") or "resmlp"]
+    if stats is None or cfg.in_chans != len(stats[0]):
+        if dataset is None and cfg.in_chans != 3:
+            raise ValueError(f"the checkpoint has no preprocessing metadata and the model takes {cfg.in_chans} "
+                             "channels, so ImageNet defaults don't apply; pass --data KIND, or re-save it with "
+                             "metadata={'preprocess': {...}} (see docs/inference.md)")
+        stats = dataset_stats(dataset or "folder", cfg.in_chans)
+        statistics = f"{dataset}'s" if dataset else "ImageNet's"
+    else:
+        statistics = "ImageNet's" if stats == IMAGENET_STATS else "mean/std 0.5"
+    note = (f"no preprocessing metadata: assumed {statistics} mean/std, crop {crop}, bicubic, "
+            f"{cfg.img_size}px ({why})")
+    return Preprocess(cfg.img_size, cfg.in_chans, *stats, crop, "bicubic", source="assumed", note=note)
+
+
+def _assumed_foreign(model: torch.nn.Module) -> Preprocess:
+    """A timm model without preprocessing metadata: its pretrained_cfg, as timm's validate.py resolves it
+    (resolve_data_config). torchvision classifiers carry no such description: refused."""
+    from timm.data import resolve_data_config
+
+    if not getattr(model, "pretrained_cfg", None):
+        raise ValueError("the checkpoint has no preprocessing metadata and its model no ResMLP config or timm "
+                         "pretrained_cfg; save it with resmlp.save(..., metadata={'preprocess': {...}}) "
+                         "(docs/inference.md)")
+    data = resolve_data_config({}, model=model)
+    in_chans, height, _ = data["input_size"]
+    made = Preprocess(height, in_chans, tuple(data["mean"]), tuple(data["std"]), data["crop_pct"],
+                      data["interpolation"] if data["interpolation"] in INTERPOLATIONS else "bicubic",
+                      source="assumed")
+    made.check()
+    return replace(made, note=f"no preprocessing metadata: assumed timm's pretrained_cfg of "
+                              f"{model.pretrained_cfg.get('architecture')}: mean {made.mean}, std {made.std}, crop "
+                              f"{made.crop_pct}, {made.interpolation}, {made.img_size}px")
 
 
 class ResizeBound:

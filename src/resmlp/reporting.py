@@ -6,7 +6,7 @@ import csv
 import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -15,6 +15,11 @@ from resmlp.fileio import (
     held_subfolder,
     write_json,  # noqa: F401 (moved to resmlp.fileio; the trainer imports it from here)
 )
+
+
+def topk_text(top1: float, top5: float | None, sep: str = ", ") -> str:
+    """'top-1 X%, top-5 Y%', without top-5 where there is none (5 classes or fewer)."""
+    return f"top-1 {top1:.2f}%" + (f"{sep}top-5 {top5:.2f}%" if top5 is not None else "")
 
 
 def write_metrics_csv(path: str | Path, history: list[dict[str, Any]]) -> Path:
@@ -96,3 +101,83 @@ class TensorBoardLog:
     def close(self) -> None:
         self.writer.close()
         os.close(self._fd)
+
+
+class ExperimentLogger(Protocol):
+    """What a run asks of a logger: one call per epoch with the epoch's row (numbers by name), and a close."""
+
+    def log(self, row: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _metrics(row: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in row.items() if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as section.key entries (MLflow's parameters are flat)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class WandbLog:
+    """Weights & Biases (`train.log_wandb`, timm's --log-wandb): one wandb run per training run, the config as
+    its config, each epoch's metrics at step = epoch. wandb's own settings apply (WANDB_MODE=offline...)."""
+
+    def __init__(self, project: str, name: str, config: dict[str, Any], folder: Path) -> None:
+        import wandb
+
+        self.run = wandb.init(project=project, name=name, config=config, dir=str(folder))
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.run.log(_metrics(row), step=row["epoch"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowLog:
+    """MLflow (`train.log_mlflow`): a run in experiment `project` at MLflow's tracking URI (MLFLOW_TRACKING_URI;
+    its default, ./mlruns), the config as parameters, each epoch's metrics at step = epoch."""
+
+    def __init__(self, project: str, name: str, config: dict[str, Any]) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_experiment(project)
+        self.run = mlflow.start_run(run_name=name)
+        mlflow.log_params({k: str(v)[:500] for k, v in _flat(config).items()})  # MLflow caps a value's length
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.mlflow.log_metrics(_metrics(row), step=row["epoch"])
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+class RunLogs:
+    """The loggers of a run (rank 0): TensorBoard always, W&B and MLflow where the config's train section asks
+    (their packages are optional: validation names the `pip install` a missing one needs)."""
+
+    def __init__(self, out: Path, config: dict[str, Any]) -> None:
+        train = config.get("train", {})
+        project, name = train.get("experiment") or "resmlp", Path(out).resolve().name
+        self.loggers: list[ExperimentLogger] = [TensorBoardLog(Path(out) / "tensorboard")]
+        if train.get("log_wandb"):
+            self.loggers.append(WandbLog(project, name, config, Path(out)))
+        if train.get("log_mlflow"):
+            self.loggers.append(MlflowLog(project, name, config))
+
+    def log(self, row: dict[str, Any]) -> None:
+        for logger in self.loggers:
+            logger.log(row)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()

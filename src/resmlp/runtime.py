@@ -16,6 +16,7 @@ import ctypes
 import os
 import platform
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -85,8 +86,43 @@ def canonical_device(device: torch.device | str) -> torch.device:
     return device
 
 
+SLURM_MASTER_PORT = "29500"  # torchrun's default rendezvous port, for a SLURM job that sets none
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list as `scontrol show hostnames` expands it: 'gpu[03-05,9],cpu1' ->
+    'gpu03' (a bracket's first range keeps its zero padding). No library here parses SLURM host lists."""
+    match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", nodelist.strip())
+    if not match or not (match.group(1) or match.group(2)):
+        raise ConfigError(f"SLURM_NODELIST={nodelist!r} names no host; set MASTER_ADDR to the first node's address")
+    prefix, ranges, suffix = match.groups()
+    first = (ranges or "").split(",")[0].split("-")[0]
+    return f"{prefix}{first}{suffix}"
+
+
+def adopt_slurm_ranks(env: dict[str, str] | None = None) -> bool:
+    """A process started by SLURM's srun, not torchrun: its rank, world size and local rank from SLURM_PROCID,
+    SLURM_NTASKS and SLURM_LOCALID (as timm's distributed setup reads them), written to the variables torchrun
+    sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) and torch's env:// rendezvous reads (MASTER_ADDR: the
+    first host of SLURM_NODELIST unless given; MASTER_PORT: 29500 unless given). Returns whether it did; a
+    torchrun launch (WORLD_SIZE set) is left as it is. Start one task per GPU (`srun --ntasks-per-node=GPUS`);
+    a `resmlp train` typed in a batch script outside srun would wait for SLURM_NTASKS processes."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" in env or "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return False
+    world, nodes = int(env["SLURM_NTASKS"]), int(env.get("SLURM_NNODES", "1"))
+    env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=str(world), LOCAL_RANK=env.get("SLURM_LOCALID", "0"),
+               LOCAL_WORLD_SIZE=str(max(1, world // max(1, nodes))))
+    if world > 1:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+        env.setdefault("MASTER_ADDR", first_slurm_host(nodelist))
+        env.setdefault("MASTER_PORT", SLURM_MASTER_PORT)
+    return True
+
+
 def init_distributed(device_name: str = "auto") -> DistInfo:
-    """Join the torchrun process group when launched by torchrun (WORLD_SIZE > 1), else single process."""
+    """Join the process group when launched by torchrun or SLURM's srun (WORLD_SIZE > 1), else single process."""
+    adopt_slurm_ranks()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_name, local_rank)
@@ -183,6 +219,22 @@ def default_threads(local_world_size: int | None = None) -> int:
     return max(1, usable_cores() // max(1, local))
 
 
+def data_workers(requested: int, local_world_size: int | None = None) -> int:
+    """DataLoader worker processes for one process: `requested`, capped by its share of the usable cores (a
+    recipe written for an 8-core GPU node asks for 8; on 2 cores they only fight the training for the CPU, and
+    torch warns about every loader). The cap is said once per process."""
+    local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cap = max(1, usable_cores() // max(1, local))
+    if requested <= cap:
+        return requested
+    if not _capped_workers:
+        _capped_workers.append(requested)
+        print(f"note: data.num_workers={requested} capped to {cap}: this process can use {cap} CPU core(s)",
+              file=sys.stderr, flush=True)
+    return cap
+
+
+_capped_workers: list[int] = []  # the first capped request (a note once per process)
 _contexts_keeping_memory = 0  # open process_settings contexts that hold keep_freed_memory (they may nest)
 
 

@@ -400,7 +400,7 @@ def run_benchmark(
     """One row per model with the CSV_COLUMNS (the host's facts and `mode` included), all models measured in
     the same run: throughput at `batch_size`, `large_batch_size` (None: not measured) and 1, peak memory at
     `batch_size`. progress: a tqdm bar on stderr over every model's memory, build and each timed round."""
-    from tqdm.auto import tqdm
+    from resmlp.progress import progress_bar
 
     mode = mode or RunMode()
     dev = torch.device(device)
@@ -415,7 +415,7 @@ def run_benchmark(
     # per model: memory (CPU: its own process), build, then per batch size a warm-up and `repeats` timings
     steps = len(specs) * ((dev.type == "cpu") + 1 + len(batches) * (1 + repeats))
     with (
-        tqdm(total=steps, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not progress) as bar,
+        progress_bar(total=steps, unit="step", file=sys.stderr, disable=not progress) as bar,
         float32_matmul(mode.precision, dev),
         _recompile_room(mode, len(specs) * len(batches)),
     ):
@@ -577,13 +577,16 @@ def tradeoff_figure(rows: list[dict[str, Any]]):
     if not points:
         raise ValueError("the throughput-vs-accuracy plot needs accuracies: pass --accuracy MODEL=TOP1,...")
     fig, ax = plt.subplots(figsize=(6.5, 4.5), layout="constrained")
-    for i, r in enumerate(sorted(points, key=lambda r: r["throughput_img_s"])):
+    ordered = sorted(points, key=lambda r: r["throughput_img_s"])
+    for i, r in enumerate(ordered):
         ax.scatter(r["throughput_img_s"], r["top1"], s=30)
+        right_half = i >= len(ordered) / 2  # names of the right half go to the left of their point: never clipped
         note = ax.annotate(
             r["model"].split("[")[0],
             (r["throughput_img_s"], r["top1"]),
             textcoords="offset points",
-            xytext=(5, 4 if i % 2 == 0 else -11),  # alternate above/below: neighbours may coincide
+            xytext=(-5 if right_half else 5, 4 if i % 2 == 0 else -11),  # alternate above/below
+            ha="right" if right_half else "left",
             fontsize=8,
             parse_math=False,  # a model's name (a file path) is plain text, '$' included
         )
@@ -593,6 +596,9 @@ def tradeoff_figure(rows: list[dict[str, Any]]):
     ax.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
     ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
     ax.margins(x=0.25, y=0.15)
+    ax.autoscale_view()
+    low, high = ax.get_ylim()
+    ax.set_ylim(max(low, 0.0), min(high, 100.0))  # an accuracy axis past 100 % (or below 0) shows nothing real
     ax.set_xlabel(f"Throughput (images/s, batch {points[0]['batch_size']}, {points[0]['device']})")
     ax.set_ylabel("Top-1 accuracy (%)")
     ax.grid(alpha=0.3, which="both")

@@ -9,6 +9,7 @@ separated by a one-pixel gap. Each small image is divided by its own largest |we
 from __future__ import annotations
 
 import math
+import textwrap
 
 import matplotlib
 
@@ -171,7 +172,8 @@ def _panel_figure(panels: dict[int, np.ndarray], title: str, label: str) -> Figu
     for ax in axes.flat[len(panels) :]:
         fig.delaxes(ax)
     fig.colorbar(image, ax=fig.axes, shrink=0.6, label="weight / max |weight| of its image")
-    fig.suptitle(title, fontsize=10)
+    # wrapped to the figure's width: a one- or two-panel figure is narrower than the sentence (it was clipped)
+    fig.suptitle(textwrap.fill(title, width=max(20, int(fig.get_figwidth() * 72 / 6.5))), fontsize=10)
     return fig
 
 

@@ -14,8 +14,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write DIR/index.html with the cross-patch matrices (ResMLP), token-mixing units "
         "(Mixer), patch-embedding units and per-layer sparsity, plus the numbers as JSON/CSV/NPZ.",
     )
-    p.add_argument("checkpoint", help="a ResMLP or MLP-Mixer checkpoint: ours (.safetensors, or a run folder for its "
-                   "best.safetensors), timm's or DeiT's (.pth)")
+    p.add_argument("checkpoint", help="a checkpoint of any model resmlp train trains (.safetensors, or a run folder "
+                   "for its best.safetensors), or timm's or DeiT's ResMLP/Mixer file (.pth); the paper's figures "
+                   "are for ResMLP and Mixer, other models get their weights' sparsity and first filters")
     add_output_argument(p, required=True, help="output directory (created if missing)")
     p.add_argument(
         "--layers",
@@ -52,14 +53,16 @@ def run(args: argparse.Namespace) -> int:
 
     path = resolve_checkpoint(args.checkpoint)
     model = load(path).eval()  # the weights only: no preprocessing needed
-    if not isinstance(model, ResMLP):
-        from resmlp.models.torchvision_models import library_of
-
-        raise ValueError(f"{path} holds a {type(model).__name__} (a {library_of(model)} model): resmlp analyze draws "
-                         "the weights of ResMLP and MLP-Mixer checkpoints only")
+    if not isinstance(model, ResMLP) and args.layers:
+        raise ValueError(f"--layers counts ResMLP/Mixer blocks; {path} holds a {type(model).__name__}: leave it out")
     with process_settings(args.threads), output_lock(args.output):
-        report = write_report(model, args.output, layers=args.layers, threshold=args.threshold, source=str(path),
-                              progress=args.progress)
+        if isinstance(model, ResMLP):
+            report = write_report(model, args.output, layers=args.layers, threshold=args.threshold, source=str(path),
+                                  progress=args.progress)
+        else:
+            from resmlp.analysis.any_model import write_any_model_report
+
+            report = write_any_model_report(model, args.output, args.threshold, str(path))
     for name in report.figures:
         print(f"wrote {report.out_dir / name}")
     for note in report.not_applicable:

@@ -52,6 +52,23 @@ def output_file(text: str) -> Path:
     return Path(output_path(text))
 
 
+def crop_pct(text: str) -> float:
+    """--crop-pct of eval and predict: the centre crop's share, from resmlp.preprocess.MIN_CROP_PCT to 1."""
+    value = float(text)
+    if not 0.1 <= value <= 1.0:  # resmlp.preprocess.MIN_CROP_PCT (not imported: --help runs without torch)
+        raise ValueError(text)
+    return value
+
+
+crop_pct.__name__ = "crop fraction (0.1 to 1)"
+
+
+def add_crop_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--crop-pct", type=crop_pct, metavar="F",
+                        help="evaluation centre crop: resize to img_size / F, crop img_size (default: the file's "
+                             "own, a run's, or the one assumed for its kind and printed; ResMLP's authors use 0.9)")
+
+
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
@@ -81,9 +98,19 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--workers": ("data.num_workers", dict(type=int, metavar="N", help="data loader worker processes")),
     "--threads": ("train.threads", dict(type=thread_count, metavar="N",
                                         help="compute threads per process (default: the usable cores / processes)")),
+    "--data": ("data.source", dict(metavar="SOURCE", help="data source: folder:DIR, wds:PATTERN, hf:DIR, "
+                                                          "fashion-mnist, cifar10:DIR, cifar100:DIR, synthetic")),
     "--data-dir": ("data.dir", dict(metavar="DIR", help="dataset folder")),
     "--no-progress": ("train.progress", dict(action="store_false", default=None,
                                              help="no progress bars (per-epoch lines only)")),
+    "--checkpoint-hist": ("train.checkpoint_hist", dict(type=int, metavar="N",
+                                                        help="keep the N best epochs' checkpoints as timm does")),
+    "--log-wandb": ("train.log_wandb", dict(action="store_true", default=None,
+                                            help="log metrics to Weights & Biases (pip install wandb)")),
+    "--log-mlflow": ("train.log_mlflow", dict(action="store_true", default=None,
+                                              help="log metrics to MLflow (pip install mlflow)")),
+    "--experiment": ("train.experiment", dict(metavar="NAME",
+                                              help="the W&B project / MLflow experiment (default: resmlp)")),
 }
 
 
@@ -111,6 +138,51 @@ def add_training_arguments(parser: argparse.ArgumentParser, default_recipe: str,
         group.add_argument(flag, dest=_dest(flag), **{**_metavar(flag, kwargs), "help": f"{kwargs['help']} (= {key})"})
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any recipe key, value parsed as YAML (repeatable), e.g. --set optim.lr=1e-3")
+    parser.add_argument("--max-steps", type=step_count, metavar="N",
+                        help="stop after N optimizer steps of the run (a smoke run), writing a resumable state; not "
+                             "part of the recipe: --resume alone then continues to the schedule's end")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate the config, build the model on the meta device, print the resolved config, "
+                             "the memory estimate and the effective batch; read no images, write nothing")
+
+
+def step_count(text: str) -> int:
+    """--max-steps: a whole number of optimizer steps, at least 1."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+step_count.__name__ = "number of steps (1 or more)"
+
+
+def continue_command(args: argparse.Namespace) -> str:
+    """The command that resumes the run of training command `args`."""
+    words = ["resmlp", args.command, *([args.method] if args.command == "pretrain" else []),
+             *([args.checkpoint] if args.command == "finetune" else []), "--output", str(args.output), "--resume"]
+    return shlex.join(words)
+
+
+def stopped_early(summary: dict[str, Any], args: argparse.Namespace) -> bool:
+    """After a run that --max-steps stopped (the trainer said where): the command that continues it."""
+    from resmlp.runtime import is_main_process
+
+    if "stopped_at_step" not in summary:
+        return False
+    if is_main_process():
+        print(f"  continue it with: {continue_command(args)}")
+    return True
+
+
+def print_dry_run(args: argparse.Namespace, load) -> int:
+    """--dry-run: the report of resmlp.train.dry_run; `load(extra)` validates the command's config with extra
+    overrides."""
+    from resmlp.train.dry_run import dry_run, recipe_data_dir
+
+    given = training_overrides(args).get("data.dir")  # --data-dir or --set data.dir=...
+    print(dry_run(load, recipe_data_dir(recipe_for(args), given), bool(args.resume)))
+    return 0
 
 
 def recipe_for(args: argparse.Namespace) -> str | dict[str, Any]:
@@ -157,7 +229,17 @@ def training_overrides(args: argparse.Namespace, extra: dict[str, Any] | None = 
             raise ValueError(f"--input-size {chans} {height} {width}: ResMLP and Mixer take square images (H = W)")
         flags.update({"model.in_chans": chans, "model.img_size": height})
     given = {key: value for key, value in flags.items() if value is not None}
-    return {**given, **(extra or {}), **parse_overrides(args.overrides)}
+    merged = {**given, **(extra or {}), **parse_overrides(args.overrides)}
+    if "data.dir" in given and "data.kind" not in merged and (kind := folder_kind(given["data.dir"])):
+        merged["data.kind"] = kind  # --data-dir on an image folder: the recipe's dataset kind does not apply
+    return merged
+
+
+def folder_kind(folder: str | Path) -> str | None:
+    """The dataset kind a folder's layout shows: 'folder' for train/<class>/ images (ImageFolder, ImageNet);
+    None where the layout says nothing (the recipe's kind then reads the folder: IDX files, CIFAR pickles...)."""
+    train = Path(folder) / "train"
+    return "folder" if train.is_dir() and any(child.is_dir() for child in train.iterdir()) else None
 
 
 def run_data_flags(output: str | Path, training: bool = False) -> str:
@@ -168,6 +250,8 @@ def run_data_flags(output: str | Path, training: bool = False) -> str:
     data = read_json_object(Path(output) / "config.json", "run config").get("data")
     data = data if isinstance(data, dict) else {}
     kind, folder = str(data.get("kind", "fashion-mnist")), data.get("dir")
+    if isinstance(data.get("source"), str):  # the source grammar names it whole, for training and evaluation
+        return shlex.join(["--data", data["source"]])
     if training:
         flags = [] if kind == "fashion-mnist" else ["--set", f"data.kind={kind}"]
         return shlex.join(flags + (["--data-dir", str(folder)] if folder else []))

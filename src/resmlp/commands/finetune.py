@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from resmlp.commands.common import add_training_arguments, recipe_for, training_overrides
+from resmlp.commands.common import add_training_arguments, print_dry_run, recipe_for, stopped_early, training_overrides
 
 
 def _freeze(value: str) -> int | str:
@@ -19,8 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("finetune", help="fine-tune a checkpoint (ours, timm, DeiT, DINO) on a recipe's data",
                        description="Start from CHECKPOINT with a new head for the dataset's classes; optional "
                                    "resolution change, freezing and layer-wise lr decay.")
-    p.add_argument("checkpoint", help="a ResMLP/Mixer checkpoint (ours, a DINO backbone, timm's or DeiT's) or a "
-                                      "run folder (its best.safetensors)")
+    p.add_argument("checkpoint", help="a ResMLP/Mixer checkpoint (ours, a DINO backbone, timm's or DeiT's), a run "
+                                      "folder (its best.safetensors) or published weights by timm's name "
+                                      "(resmlp_s12.fb_in1k)")
+    p.add_argument("--pretrained", action="store_true",
+                   help="CHECKPOINT names a preset: start from its published weights (resmlp_s12: fb_in1k)")
     # the model is CHECKPOINT's: no --model or --input-size (--img-size changes the resolution)
     add_training_arguments(p, "fashion-mnist-quick", without=("--model", "--input-size"))
     p.add_argument("--img-size", type=int, help="new input resolution (cross-patch weights resized)")
@@ -33,8 +36,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_finetune(args: argparse.Namespace) -> int:
     from resmlp.commands.train import print_summary
     from resmlp.train import finetune
+    from resmlp.train.run import finetune_config
 
+    if args.pretrained:  # the tag, also in the printed command that resumes the run
+        from resmlp.models.weight_tags import pretrained_name
+
+        args.checkpoint = pretrained_name(args.checkpoint)
+    if args.dry_run:
+        return print_dry_run(args, lambda more: finetune_config(
+            args.checkpoint, recipe_for(args), {**training_overrides(args), **more}, args.img_size, args.freeze,
+            args.layer_decay, check_memory=False))
     summary = finetune(args.checkpoint, recipe_for(args), args.output, training_overrides(args), args.img_size,
-                       args.freeze, args.layer_decay, args.resume)
-    print_summary(summary, args.output)
+                       args.freeze, args.layer_decay, args.resume, args.max_steps)
+    if not stopped_early(summary, args):
+        print_summary(summary, args.output)
     return 0

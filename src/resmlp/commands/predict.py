@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from resmlp.commands.common import output_file
+from resmlp.commands.common import add_crop_argument, output_file
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
                    help="inference precision; int8: dynamic quantisation of the linear layers (default fp32)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per batch (default 32)")
+    add_crop_argument(p)
     p.set_defaults(run=run)
 
 
@@ -64,7 +65,7 @@ def classify(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[
 
     if args.top_k < 1 or args.batch_size < 1:
         raise ValueError("--top-k and --batch-size must be at least 1")
-    loaded = load_for_inference(resolve_checkpoint(args.checkpoint))
+    loaded = load_for_inference(resolve_checkpoint(args.checkpoint), crop_pct=args.crop_pct)
     if loaded.num_classes == 0:
         raise ValueError(f"{args.checkpoint} has no classifier head (num_classes=0): nothing to predict")
     top_k = min(args.top_k, loaded.num_classes)  # a 10-class model has no 11th guess
@@ -133,9 +134,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:  # before printing anything: a failed write leaves no table behind its error
         write_output(args.output, results, errors)
     console = pipe_console(soft_wrap=True)  # messages stay one line each, whatever the terminal width
-    if pre.source == "defaults":
-        console.print(f"[yellow]checkpoint has no preprocessing metadata: using the ImageNet preset defaults "
-                      f"(ImageNet's mean/std, crop {pre.crop_pct}, {pre.interpolation}: timm's)[/yellow]")
+    if pre.note:  # what was assumed (a file without metadata) or overridden (--crop-pct), in one line
+        console.print(f"[yellow]{pre.note}[/yellow]", highlight=False)
     base = _common_folder([r["file"] for r in results])
     table = Table(title=f"Predictions ({args.precision})" + (f" of images in {base}" if base else ""))
     # the part of each path that tells the files apart, whole (folded rather than cut when it is long)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from resmlp.commands.common import add_training_arguments, recipe_for, run_data_flags, training_overrides
+from resmlp.commands.common import (
+    add_training_arguments,
+    print_dry_run,
+    recipe_for,
+    run_data_flags,
+    stopped_early,
+    training_overrides,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,8 +30,13 @@ def run_dino(args: argparse.Namespace) -> int:
     from resmlp.runtime import is_main_process
     from resmlp.train import pretrain_dino
 
-    summary = pretrain_dino(recipe_for(args), args.output, training_overrides(args), args.resume)
-    if is_main_process():
+    if args.dry_run:
+        from resmlp.train.config import load_config
+
+        return print_dry_run(args, lambda more: load_config(
+            recipe_for(args), {**training_overrides(args), "task": "dino", **more}, False))
+    summary = pretrain_dino(recipe_for(args), args.output, training_overrides(args), args.resume, args.max_steps)
+    if not stopped_early(summary, args) and is_main_process():
         test = ("no test split" if summary["test_knn_top1"] is None else f"test {summary['test_knn_top1']:.2f}%")
         checkpoint, out = shlex.quote(summary["checkpoint"]), str(args.output).rstrip("/")
         finetune = " ".join(filter(None, [f"resmlp finetune {checkpoint} --recipe fashion-mnist-quick",

@@ -23,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "held-out split is classified: test (a folder: DIR/test when it exists, "
                                        "else DIR/val). Prints and writes summary.json.")
         p.add_argument("checkpoint", help="any checkpoint (ours, a DINO backbone, timm's or DeiT's) or a run folder")
-        p.add_argument("--data", default="fashion-mnist", help=f"dataset kind ({', '.join(DATA_KINDS)}) or a folder")
+        p.add_argument("--data", default="fashion-mnist",
+                       help="data source (folder:DIR, wds:PATTERN, hf:DIR, fashion-mnist, cifar10:DIR...), "
+                            f"dataset kind ({', '.join(DATA_KINDS)}) or a folder")
         p.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
         add_output_argument(p, help="folder for summary.json")
         add_threads_argument(p)

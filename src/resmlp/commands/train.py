@@ -8,17 +8,20 @@ import shlex
 from pathlib import Path
 
 from resmlp.commands.common import (
+    add_crop_argument,
     add_output_argument,
     add_progress_argument,
     add_threads_argument,
     add_training_arguments,
     amp_value,
     batch_size,
+    print_dry_run,
     recipe_for,
+    stopped_early,
     training_overrides,
 )
 
-DATA_KINDS = ("fashion-mnist", "folder", "cifar10", "cifar100", "synthetic")  # resmlp.data.KINDS, without torch
+DATA_KINDS = ("fashion-mnist", "folder", "wds", "hf", "cifar10", "cifar100", "synthetic")  # resmlp.data.KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,19 +34,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     kd.add_argument("--teacher-weights", help="weights file of a timm:/torchvision: teacher (= distill.weights)")
     kd.add_argument("--allow-random-teacher", action="store_true", default=None,
                     help="distil from a timm:/torchvision: teacher without weights (= distill.allow_random_teacher)")
+    kd.add_argument("--teacher-classes-match", action="store_true", default=None,
+                    help="the teacher's logit i is the data's class i: admits a teacher whose file records no class "
+                         "names (= distill.classes_match)")
     kd.add_argument("--distill-type", choices=("hard", "soft"), help="= distill.type (default hard)")
     kd.add_argument("--distill-alpha", type=float, help="soft distillation: weight of the KL term (= distill.alpha)")
     kd.add_argument("--distill-tau", type=float, help="soft distillation: temperature (= distill.tau)")
     kd.add_argument("--distill-cache", action="store_true", default=None,
                     help="run the teacher once per distinct image (fixed augmentation only; on a GPU each step "
                          "waits for the host to hash the batch; = distill.cache)")
+    p.add_argument("--pretrained", action="store_true",
+                   help="start from the model's published weights (resmlp_s12 -> resmlp_s12.fb_in1k, timm's tag; a "
+                        "new head for the data's classes): the finetune task")
     p.add_argument("--initial-checkpoint", metavar="CKPT",
                    help="start from this checkpoint (= model.name; the finetune task, see `resmlp finetune`)")
     p.set_defaults(run=run_train)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset: accuracy, per-class, confusion matrix")
     e.add_argument("checkpoint", help="a checkpoint file or a run folder (its best.safetensors)")
-    e.add_argument("--data", help=f"dataset kind ({', '.join(DATA_KINDS)}) or a folder; default: the "
+    e.add_argument("--data", help="data source (folder:DIR, wds:PATTERN, hf:DIR, fashion-mnist, cifar10:DIR...), "
+                                  f"dataset kind ({', '.join(DATA_KINDS)}) or a folder; default: the "
                                   "dataset the checkpoint was trained on")
     e.add_argument("--data-dir", help="dataset folder (default: the kind's default location)")
     e.add_argument("--split", choices=("train", "val", "test"),
@@ -56,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--batch-size", type=batch_size, default=256, metavar="N",
                        help="images per batch (default 256)")
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    add_crop_argument(e)
     add_threads_argument(e)
     e.set_defaults(run=run_eval)
 
@@ -66,10 +77,22 @@ def run_train(args: argparse.Namespace) -> int:
     extra = {"distill.teacher": args.distill, "distill.type": args.distill_type, "distill.alpha": args.distill_alpha,
              "distill.tau": args.distill_tau, "distill.weights": args.teacher_weights,
              "distill.cache": args.distill_cache, "distill.allow_random_teacher": args.allow_random_teacher,
+             "distill.classes_match": args.teacher_classes_match,
              "model.name": args.initial_checkpoint}
     overrides = training_overrides(args, {k: v for k, v in extra.items() if v is not None})
-    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume)
-    print_summary(summary, args.output)
+    if args.pretrained:
+        from resmlp.models.weight_tags import pretrained_name
+        from resmlp.train.config import load_config
+
+        name = overrides.get("model.name") or load_config(recipe_for(args), overrides, False).model["name"]
+        overrides["model.name"] = pretrained_name(str(name))
+    if args.dry_run:
+        from resmlp.train.config import load_config
+
+        return print_dry_run(args, lambda more: load_config(recipe_for(args), {**overrides, **more}, False))
+    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume, max_steps=args.max_steps)
+    if not stopped_early(summary, args):
+        print_summary(summary, args.output)
     return 0
 
 
@@ -94,18 +117,24 @@ def print_summary(summary: dict, output: str) -> None:
 def test_scores_line(summary: dict) -> str:
     """The test split's scores, or the validation score where the dataset has no test split (an ImageNet-style
     folder with train/ and val/ only: its summary.json holds None for the test keys)."""
+    from resmlp.reporting import topk_text
+
     if summary["test_top1"] is None:
-        return f"no test split; validation top-1 {summary['val_top1']:.2f}%, top-5 {summary['val_top5']:.2f}%"
-    return f"test top-1 {summary['test_top1']:.2f}%, top-5 {summary['test_top5']:.2f}%"
+        return f"no test split; validation {topk_text(summary['val_top1'], summary['val_top5'])}"
+    return f"test {topk_text(summary['test_top1'], summary['test_top5'])}"
 
 
 def _print_scores(summary: dict) -> None:
     """The scores of an evaluation, printed before its files are written (a failed write keeps them shown)."""
+    from resmlp.reporting import topk_text
+
     width = max(len(name) for name in summary["per_class_top1"])
+    if summary["preprocess_note"]:
+        print(summary["preprocess_note"])
     print(f"{summary['checkpoint']} on {summary['dataset']} ({summary['split']}, {summary['images']} images)")
     for name, acc in summary["per_class_top1"].items():
         print(f"  {name:<{width}}  {acc:6.2f}%")
-    print(f"top-1 {summary['top1']:.2f}%  top-5 {summary['top5']:.2f}% ({summary['precision']})", flush=True)
+    print(f"{topk_text(summary['top1'], summary['top5'], '  ')} ({summary['precision']})", flush=True)
     if summary["skipped_images"]:
         print(f"{summary['skipped_images']} unreadable images skipped")
 
@@ -118,7 +147,7 @@ def run_eval(args: argparse.Namespace) -> int:
     with process_settings(args.threads), output_lock(args.output):  # a folder a training holds is refused
         summary = evaluate(args.checkpoint, data=args.data, data_dir=args.data_dir, split=args.split,
                            output=args.output, batch_size=args.batch_size, device=args.device, amp=args.amp,
-                           progress=args.progress, announce=_print_scores)
+                           progress=args.progress, announce=_print_scores, crop_pct=args.crop_pct)
     if args.output:
         print(f"confusion matrix: {summary['confusion_matrix']}\nsummary: {args.output}/summary.json")
     split = summary["split"]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from resmlp.data.arrays import ArrayDataset
+from resmlp.data.sources import ArrayRecords
 from resmlp.errors import DataError
 
 MEAN = (0.4914, 0.4822, 0.4465)
@@ -30,6 +31,12 @@ _LAYOUT = {
 
 def cifar(kind: str, split: str, data_dir: str | Path, in_chans: int = 3, transform=None) -> ArrayDataset:
     """Split 'train' or 'test' of `kind` ('cifar10' or 'cifar100') from `data_dir` or its parent."""
+    records = cifar_records(kind, split, data_dir)
+    return ArrayDataset(records.images, records.labels, records.class_names, in_chans=in_chans, transform=transform)
+
+
+def cifar_records(kind: str, split: str, data_dir: str | Path) -> ArrayRecords:
+    """Split 'train' or 'test' of `kind` as records (resmlp.data.sources): uint8 (N, 32, 32, 3) arrays."""
     folder, train_files, test_files, meta_file, names_key, labels_key = _LAYOUT[kind]
     root = Path(data_dir)
     base = root if (root / meta_file).is_file() else root / folder
@@ -52,8 +59,7 @@ def cifar(kind: str, split: str, data_dir: str | Path, in_chans: int = 3, transf
             raise DataError(f"{path} is not a CIFAR batch: expected a uint8 array of shape (N, 3072), got {what}")
         images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         labels.append(_labels(_field(batch, labels_key, path), len(data), len(names), path))
-    return ArrayDataset(np.concatenate(images), np.concatenate(labels), names, in_chans=in_chans,
-                        transform=transform)
+    return ArrayRecords(np.concatenate(images), np.concatenate(labels), names)
 
 
 MAX_CLASSES = 100_000

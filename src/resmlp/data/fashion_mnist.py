@@ -10,6 +10,7 @@ import numpy as np
 
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.images import check_image_size
+from resmlp.data.sources import ArrayRecords
 from resmlp.data.walk import is_regular_file
 from resmlp.errors import DataError
 
@@ -83,6 +84,12 @@ def find_idx(data_dir: Path, stem: str) -> Path:
 def fashion_mnist(split: str, data_dir: str | Path | None = None, in_chans: int = 1,
                   transform=None) -> ArrayDataset:
     """The 'train' (60k) or 'test' (10k) split as an ArrayDataset of 28x28 grayscale images."""
+    records = fashion_mnist_records(split, data_dir)
+    return ArrayDataset(records.images, records.labels, CLASS_NAMES, in_chans=in_chans, transform=transform)
+
+
+def fashion_mnist_records(split: str, data_dir: str | Path | None = None) -> ArrayRecords:
+    """The 'train' (60k) or 'test' (10k) split's 28x28 grayscale images, as records (resmlp.data.sources)."""
     data_dir = Path(data_dir) if data_dir else DEFAULT_DIR
     if not data_dir.is_dir():
         raise FileNotFoundError(f"Fashion-MNIST folder {data_dir} does not exist. {HOW_TO_GET}")
@@ -95,4 +102,4 @@ def fashion_mnist(split: str, data_dir: str | Path | None = None, in_chans: int 
     if labels.shape != images.shape[:1] or (labels.size and labels.max() >= len(CLASS_NAMES)):
         raise DataError(f"{labels_path}: expected {len(images)} labels from 0 to {len(CLASS_NAMES) - 1} (one per "
                         f"image of {images_path.name}), got shape {labels.shape}")
-    return ArrayDataset(images, labels, CLASS_NAMES, in_chans=in_chans, transform=transform)
+    return ArrayRecords(images, labels, CLASS_NAMES)

@@ -16,10 +16,12 @@ All image reading (predict's files, image-folder datasets) goes through `open_im
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import warnings
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -31,29 +33,62 @@ from resmlp.errors import ConfigError, DataError
 DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 MAX_PIXELS_VARIABLE = "RESMLP_MAX_IMAGE_PIXELS"
 HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+# the largest encoded image file read into memory: a 100-Mpixel JPEG is about 50 MB
+MAX_IMAGE_FILE_BYTES = 1 << 30
 
 
 def open_image(path: str | Path, in_chans: int = 3, max_pixels: int | None = None) -> Image.Image:
     """The image at `path`, decoded, as mode 'L' (in_chans 1) or 'RGB'; DataError naming the file if it
     can't be read, is not a regular file, or fails `check_image_size` (default bound: $RESMLP_MAX_IMAGE_PIXELS,
     else PIL's)."""
+    try:
+        file = _open_regular(path)
+    except (DataError, MemoryError):
+        raise
+    except OSError as e:
+        raise DataError(f"cannot read image {path}: {type(e).__name__}: {e}") from None
+    with file:
+        return decode_image(file, in_chans, max_pixels, what=str(path))
+
+
+def read_image_bytes(path: str | Path, max_bytes: int = MAX_IMAGE_FILE_BYTES) -> bytes:
+    """The encoded bytes of the image file at `path` exactly as stored (regular files only, at most `max_bytes`):
+    the raw record a data source hands out; DataError naming the file otherwise."""
+    try:
+        with _open_regular(path) as file:
+            data = file.read(max_bytes + 1)
+    except DataError:
+        raise
+    except OSError as e:
+        raise DataError(f"cannot read image {path}: {type(e).__name__}: {e}") from None
+    if len(data) > max_bytes:
+        raise DataError(f"image {path} is larger than {max_bytes} bytes; no dataset image is")
+    return data
+
+
+def decode_image(data: bytes | BinaryIO, in_chans: int = 3, max_pixels: int | None = None,
+                 what: str = "an image record") -> Image.Image:
+    """Encoded image bytes (or an open binary file) decoded as `open_image` decodes a file: size bounded from the
+    header before any pixel is decoded, EXIF orientation applied, high bit depths scaled; DataError naming `what`
+    if it can't be read."""
     limit = max_image_pixels() if max_pixels is None else int(max_pixels)
     if limit > (Image.MAX_IMAGE_PIXELS or 0):
         # PIL refuses more than twice its global bound inside Image.open; raising ours must raise it too
         Image.MAX_IMAGE_PIXELS = limit
+    file = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     try:
-        with warnings.catch_warnings(), _open_regular(path) as file:
+        with warnings.catch_warnings():
             # the size check below is the bound; PIL's warning between 1x and 2x its own would be noise
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(file) as img:
-                check_image_size(img.width, img.height, f"image {path}", limit)
+                check_image_size(img.width, img.height, f"image {what}", limit)
                 img.load()
                 upright = ImageOps.exif_transpose(img)
-                return _to_mode(upright, "L" if in_chans == 1 else "RGB", path)
+                return _to_mode(upright, "L" if in_chans == 1 else "RGB", what)
     except (DataError, MemoryError):
         raise
     except Exception as e:  # PIL's decoders raise many types for damaged files (RuntimeError for AVIF, struct...)
-        raise DataError(f"cannot read image {path}: {type(e).__name__}: {e}") from None
+        raise DataError(f"cannot read image {what}: {type(e).__name__}: {e}") from None
 
 
 # the widest (or tallest) image read: a 1 x 20,000,000 strip passes any pixel bound, then its resize to the model's

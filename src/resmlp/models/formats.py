@@ -51,10 +51,11 @@ TOP_NAMES: dict[str, dict[str, str]] = {"deit_resmlp": {"stem.": "patch_embed."}
 AFFINE_3D = ("timm_resmlp",)
 
 # where training checkpoints keep the weights, in the order they are preferred: each code base's own choice.
-# timm's train.py files (state_dict, state_dict_ema): the EMA, as timm's load_checkpoint(use_ema=True) and
-# validate.py take it. DeiT's main.py files (model, model_ema): `model`, the weights DeiT's --eval and
-# --resume load and report; their `model_ema` only by name (checkpoint_key="model_ema"). DINO's: the
-# teacher (the network DINO evaluates) before its student.
+# timm's train.py files (state_dict, state_dict_ema): the EMA, as timm.create_model(checkpoint_path=...) takes
+# it (load_checkpoint's default use_ema=True); timm's validate.py takes state_dict unless given --use-ema.
+# DeiT's main.py files (model, model_ema): `model`, the weights DeiT's --eval and --resume load and report;
+# their `model_ema` only by name (checkpoint_key="model_ema"). DINO's: the teacher (the network DINO
+# evaluates) before its student.
 WRAPPER_KEYS = ("state_dict_ema", "state_dict", "model", "model_ema", "teacher", "student", "module")
 
 
@@ -85,6 +86,22 @@ def unwrap_state_dict(obj: Any, checkpoint_key: str | None = None) -> dict[str, 
     if not is_state_dict(obj):
         return None
     return strip_wrapper_prefixes(obj)
+
+
+def torch_file_origin(obj: Any) -> dict[str, Any]:
+    """What a torch file is, as far as its evaluation preprocessing goes: a resmlp training state ("state", with
+    the run's config), a DINO checkpoint ("dino": a student/teacher entry or 'backbone.' weights), or plain
+    weights ("weights")."""
+    if isinstance(obj, dict) and "version" in obj and isinstance(obj.get("config"), dict) and "model" in obj:
+        return {"kind": "state", "run_config": obj["config"]}
+    inner = obj
+    if isinstance(obj, dict) and not is_state_dict(obj):
+        if any(is_state_dict(obj.get(k)) for k in ("teacher", "student")):
+            return {"kind": "dino"}
+        inner = next((obj[k] for k in WRAPPER_KEYS if is_state_dict(obj.get(k))), None)
+    if is_state_dict(inner) and any(k.removeprefix("module.").startswith("backbone.") for k in inner):
+        return {"kind": "dino"}
+    return {"kind": "weights"}
 
 
 def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

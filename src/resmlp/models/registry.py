@@ -5,14 +5,19 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from resmlp.models.config import ResMLPConfig
 from resmlp.models.mixer import MIXER_PRESETS
-from resmlp.models.resmlp import ResMLP, ResMLPConfig
+
+if TYPE_CHECKING:
+    from resmlp.models.resmlp import ResMLP
 
 _S = dict(dim=384)
-# the authors start B24's LayerScale at 1e-6 although it has 24 blocks (S24: 1e-5): DeiT's resmlp_models.py
-# resmlpB_24 (init_scale=1e-6) and timm's resmlp_big_24 (init_values=1e-6)
+# the authors start B24/8's LayerScale at 1e-6 although it has 24 blocks (S24: 1e-5, CaiT's rule): DeiT's
+# resmlp_models.py resmlpB_24 (patch_size=8, init_scale=1e-6) and timm's resmlp_big_24_224 (patch 8,
+# init_values=1e-6). No published code defines the paper's B24/16 (Table 1): it takes B24/8's 1e-6, the
+# value of the same width and depth, rather than CaiT's 1e-5 for depth 24
 _B = dict(dim=768, layerscale_init=1e-6)
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -141,6 +146,11 @@ def model_config(name: str, **overrides: Any) -> ResMLPConfig:
         close = difflib.get_close_matches(name, PRESETS, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else f"; available: {', '.join(list_models())}"
         raise ValueError(f"unknown model {name!r}{hint}")
+    if overrides.pop("dynamic_img_size", False):  # False: timm's default, accepted as timm's ViTs accept it
+        raise ValueError(f"dynamic_img_size=True: {name} has no dynamic image size, as its cross-patch layer is tied "
+                         "to the number of patches and no resampling of it is exact (docs/models.md, \"Resolution "
+                         "change\"); change the size once: model.set_input_size(img_size=N), create_model(..., "
+                         "img_size=N) or resmlp finetune CHECKPOINT --img-size N")
     return ResMLPConfig.from_dict({**PRESETS[name], **overrides})
 
 

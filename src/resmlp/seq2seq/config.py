@@ -32,16 +32,25 @@ RANGES: dict[str, tuple[float, float]] = {
     "warmup_steps": (0, 1 << 40), "max_tokens": (1, 1 << 20), "max_steps": (1, 1 << 40), "max_minutes": (1e-3, 1e7),
     "eval_every": (1, 1 << 40), "label_smoothing": (0, 0.999), "clip_norm": (0, 1e9), "beam": (1, MAX_BEAM),
     "lenpen": (0, 10), "seed": (0, 2**63 - 1), "log_every": (1, 1 << 40), "threads": (1, 4096),
+    # batches per process in one update (fairseq's --update-freq): the WMT recipes need 128 on one process (Ott
+    # et al.'s 128 GPUs), 1024 leaves room for batches 8 times smaller
+    "update_freq": (1, 1024),
+    # checkpoints kept and averaged for the test decoding; Vaswani et al. averaged the last 20 for their big
+    # models, past a few dozen the first ones are from another point of the run
+    "average_last": (1, 100),
+    "test_decode_limit": (0, 1 << 40),
 }
 # the model options a run may set over its preset (flags --dim ... --positions)
 MODEL_OVERRIDES = ("dim", "hidden", "encoder_layers", "decoder_layers", "heads", "max_len", "dropout",
-                   "layerscale_init", "positions")
+                   "attention_dropout", "activation_dropout", "activation", "layerscale_init", "positions")
 # what a resume may change: how long it runs (a finished run is extended by raising them), how often it
 # checkpoints and logs, where and how fast it runs, how the test split is decoded, where the folders now are
 RESUMABLE_CHANGES = ("max_steps", "max_minutes", "eval_every", "log_every", "device", "threads", "progress", "beam",
-                     "lenpen", "output", "data")
+                     "lenpen", "output", "data", "test_decode_limit")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d{1,4})$")
-_FLAGS = {"task_train_size": "--train-size", "model_overrides": "--dim/--hidden/..."}
+# options whose flag is not --NAME (log_every is the library's only)
+_FLAGS = {"task_train_size": "--train-size", "model_overrides": "--dim/--hidden/...", "progress": "--no-progress",
+          "log_every": "log_every"}
 
 
 def flag(name: str) -> str:
@@ -66,10 +75,12 @@ class TranslationConfig:
     optimizer: str = "adagrad"
     lr: float = 0.2
     warmup_steps: int = 500
-    max_tokens: int = 4096
+    max_tokens: int = 4096  # padded tokens of one batch of one process
+    update_freq: int = 1  # batches per process whose gradients make one update (one step)
     max_steps: int = 100_000
     max_minutes: float = 20.0  # wall-clock training budget, checked every step
     eval_every: int = 500
+    average_last: int = 1  # keep the last N checkpoints (checkpoint_STEP.pt) and score the test split with their mean
     label_smoothing: float = 0.1
     clip_norm: float = 0.0
     precision: str = "fp32"  # CPU bf16 autocast measured ~8x slower for these models (docs/translation.md)
@@ -80,6 +91,9 @@ class TranslationConfig:
     device: str = "auto"  # auto: cuda:LOCAL_RANK when a GPU is visible, else cpu
     threads: int | None = None  # None: runtime.default_threads()
     progress: bool = True  # a tqdm bar on stderr (rank 0)
+    # test sentences decoded and scored at the end: None all, N the first N, 0 none (a large test split at beam 4
+    # can take longer than a short training run; `resmlp translate eval RUN` scores it later)
+    test_decode_limit: int | None = None
 
     def __post_init__(self) -> None:
         errors = _type_errors(dataclasses.asdict(self))
@@ -187,9 +201,18 @@ def check_decoding(beam: int, lenpen: float) -> None:
 def check_resumable(source: str, saved: TranslationConfig, now: TranslationConfig) -> None:
     """Refuse a resume whose options differ from the run's (config.json, `source`) beyond RESUMABLE_CHANGES,
     naming every differing flag with its old and new value."""
-    old, new = dataclasses.asdict(saved), dataclasses.asdict(now)
+    old, new = _resume_options(saved), _resume_options(now)
     changed = [name for name in old if old[name] != new[name] and name not in RESUMABLE_CHANGES]
     if changed:
         differences = "; ".join(f"{flag(name)} was {old[name]!r}, now {new[name]!r}" for name in changed)
         raise ConfigError(f"{source}: the run was trained with other options ({differences}); resume with the "
                           f"same options, only {', '.join(map(flag, RESUMABLE_CHANGES))} may change")
+
+
+def _resume_options(cfg: TranslationConfig) -> dict[str, Any]:
+    """The options a resume compares, each model option as the model has it (the preset's value or the flag's),
+    so a message names `--dim` rather than a dict of overrides, and `--dim 256` over a preset of dim 256 agrees."""
+    values = dataclasses.asdict(cfg)
+    model = dataclasses.asdict(cfg.model_config(cfg.vocab_size))
+    del values["model_overrides"]
+    return {**values, **{name: model[name] for name in MODEL_OVERRIDES}}

@@ -2,16 +2,25 @@
 
 Bad input, and what happens to it:
 - source and target files with different line counts: ValueError naming both files and counts;
-- an empty line (either side) in training/evaluation files: ValueError with the line numbers;
-  an empty line given to ``decode`` is translated to an empty line without running the model;
-- a line longer than the model's max_len (in subword tokens): truncated to fit, with a warning saying how
-  many lines were cut (sources keep max_len tokens, targets max_len - 1 so BOS/EOS fit);
+- an empty line (either side) in training/evaluation files: ValueError with the line numbers; a line of only
+  spaces and invisible characters (zero-width space U+200B, byte order mark U+FEFF, other format or control
+  characters, Hangul fillers: `is_blank`) is empty too; an empty line given to ``decode`` is translated to an
+  empty line without running the model;
+- a byte order mark (U+FEFF) at the start of any file or of stdin (sources, targets, `eval --ref` references):
+  dropped, as Python's utf-8-sig codec does; else it would stay in the first sentence (and its score);
+- a training or validation pair longer than the model's max_len (in subword tokens, the source with its EOS, the
+  target with BOS or EOS): dropped, with a warning saying how many, as fairseq drops them (its training batches
+  skip pairs over the model's positions; its WMT preparation keeps pairs of 1 to 250 tokens); a source given to
+  ``decode`` or a test split is truncated to fit instead, with a warning (every test sentence must be scored);
 - characters the tokenizer never saw: sentencepiece maps them to <unk> (id 3), with a warning count;
 - a file that is not UTF-8: ValueError naming the file;
 - a file without a single sentence pair (empty): DataError naming the file;
 - a form feed, vertical tab, U+0085, U+2028 or other separator inside a line: part of that line. Lines end at
   "\n" only (a "\r" before it is dropped), so a character one file happens to hold can't shift every later
   pair (str.splitlines would split there);
+- a "\r" not followed by "\n" (old Mac line ends, or a stray one): DataError naming the file and line, with the
+  `tr` command that converts it; read as a "\n" it could shift pairs, read as text it would make a corpus of
+  carriage-return lines one sentence;
 - a tokenizer.model that is truncated, random or of another format, or over TOKENIZER_MAX_BYTES: DataError.
 """
 
@@ -19,6 +28,8 @@ from __future__ import annotations
 
 import io
 import random
+import shlex
+import unicodedata
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -34,13 +45,30 @@ SPLITS = ("train", "valid", "test")
 TOKENIZER_MAX_BYTES = 256 << 20
 
 
-def split_lines(text: str) -> list[str]:
+# the letters that show nothing (Unicode's default-ignorable Hangul fillers); format (Cf: U+200B, U+FEFF, U+2060,
+# soft hyphen...) and control (Cc) characters are found by category
+_INVISIBLE_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
+
+
+def is_blank(line: str) -> bool:
+    """True for a line with nothing to translate: only spaces and characters that show nothing."""
+    return all(c.isspace() or c in _INVISIBLE_LETTERS or unicodedata.category(c) in ("Cf", "Cc") for c in line)
+
+
+def split_lines(text: str, name: str = "stdin") -> list[str]:
     """Lines ended by "\n" only (with a "\r" before it dropped), the way parallel corpora are aligned; the
-    last line needs no "\n"."""
-    lines = text.split("\n")
+    last line needs no "\n". A leading byte order mark is dropped; a "\r" elsewhere is refused (`name` is
+    the file in the message)."""
+    lines = text.removeprefix("\ufeff").split("\n")
     if lines[-1] == "":
         lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    lone = next((i for i, line in enumerate(lines) if "\r" in line), None)
+    if lone is not None:
+        convert = "tr '\\r' '\\n'" + ("" if name == "stdin" else f" < {shlex.quote(name)} > {shlex.quote(name)}.lf")
+        raise DataError(f"{name} line {lone + 1} holds a carriage return (\\r) that does not end a line; lines end "
+                        f"with \\n (if it has old Mac line ends, convert it: {convert})")
+    return lines
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -50,9 +78,10 @@ def read_lines(path: str | Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (expected one sentence per line)")
     try:
-        return split_lines(path.read_bytes().decode("utf-8"))  # not read_text: it turns a lone "\r" into "\n"
+        text = path.read_bytes().decode("utf-8")  # not read_text: it turns a lone "\r" into "\n"
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e}); convert it, e.g. with iconv -t utf-8") from None
+    return split_lines(text, str(path))
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
@@ -67,7 +96,7 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str]
             f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; parallel files must be aligned "
             "line by line (one sentence pair per line)"
         )
-    empty = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if not s.strip() or not t.strip()]
+    empty = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if is_blank(s) or is_blank(t)]
     if empty:
         shown = ", ".join(map(str, empty[:10])) + (" ..." if len(empty) > 10 else "")
         raise ValueError(
@@ -127,10 +156,11 @@ class Tokenizer:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, lines: list[str], max_tokens: int, what: str = "lines") -> list[list[int]]:
-        """Token ids per line, cut to max_tokens; warns how many lines were cut or had unknown characters."""
+    def encode(self, lines: list[str], max_tokens: int | None, what: str = "lines") -> list[list[int]]:
+        """Token ids per line, cut to max_tokens (None: whole); warns how many lines were cut or had unknown
+        characters."""
         ids = self.sp.encode(lines)
-        cut = sum(len(x) > max_tokens for x in ids)
+        cut = 0 if max_tokens is None else sum(len(x) > max_tokens for x in ids)
         unknown = sum(UNK in x for x in ids)
         if cut:
             warnings.warn(f"{cut} of {len(ids)} {what} longer than {max_tokens} tokens were truncated "
@@ -138,7 +168,7 @@ class Tokenizer:
         if unknown:
             warnings.warn(f"{unknown} of {len(ids)} {what} contain characters unknown to the tokenizer; "
                           "they are read as <unk>", stacklevel=2)
-        return [x[:max_tokens] for x in ids]
+        return ids if max_tokens is None else [x[:max_tokens] for x in ids]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode(ids)
@@ -172,6 +202,29 @@ def pad_batch(seqs: list[list[int]], prefix: Sequence[int] = (), suffix: Sequenc
     return out
 
 
-def collate(src: list[list[int]], tgt: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(source, decoder input = BOS + target, decoder output = target + EOS), right-padded with PAD."""
-    return pad_batch(src), pad_batch(tgt, prefix=[BOS]), pad_batch(tgt, suffix=[EOS])
+def encode_pairs(tok: Tokenizer, src: list[str], tgt: list[str], max_len: int, source_eos: bool, what: str
+                 ) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of the pairs that fit a model of `max_len` positions: the source with its EOS (`source_eos`), the
+    target with BOS (decoder input) or EOS (output). Longer pairs are dropped, not cut (a cut target teaches the
+    model to stop mid-sentence), with a warning giving the count."""
+    src_ids, tgt_ids = tok.encode(src, None, f"{what} sources"), tok.encode(tgt, None, f"{what} targets")
+    fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True))
+            if len(s) + source_eos <= max_len and len(t) + 1 <= max_len]
+    if not fits:
+        raise DataError(f"every {what} pair is longer than the model's max_len {max_len} tokens; raise --max-len")
+    if len(fits) < len(src_ids):
+        warnings.warn(f"{len(src_ids) - len(fits)} of {len(src_ids)} {what} pairs are longer than the model's "
+                      f"max_len {max_len} tokens and were dropped (raise --max-len to keep them)", stacklevel=2)
+    return [src_ids[i] for i in fits], [tgt_ids[i] for i in fits]
+
+
+def source_batch(src: list[list[int]], source_eos: bool = True) -> torch.Tensor:
+    """Sources right-padded with PAD, each ended by EOS when the model was trained so (fairseq's binarised sources
+    end with EOS)."""
+    return pad_batch(src, suffix=[EOS] if source_eos else [])
+
+
+def collate(src: list[list[int]], tgt: list[list[int]], source_eos: bool = True
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(source [+ EOS], decoder input = BOS + target, decoder output = target + EOS), right-padded with PAD."""
+    return source_batch(src, source_eos), pad_batch(tgt, prefix=[BOS]), pad_batch(tgt, suffix=[EOS])

@@ -21,6 +21,14 @@ from resmlp.layers import Affine, LayerScale
 
 ARCHS = ("resmlp", "transformer")
 POSITIONS = ("none", "sinusoidal")
+ACTIVATIONS = ("gelu", "relu")
+# the FFN's non-linearity when none is given: the paper's ResMLP layer is GELU (section 2, eq. 3, "the same as the
+# feedforward sublayer of a Transformer with the ReLU non-linearity replaced by a GELU"); the Transformer baseline
+# keeps fairseq's (fairseq/models/transformer base_architecture: activation_fn "relu")
+DEFAULT_ACTIVATION = {"resmlp": "gelu", "transformer": "relu"}
+# what files written before these fields existed were trained with: a ReLU FFN, dropout on attention
+# probabilities and FFN activations at the residual rate, sources without EOS (Seq2SeqConfig.from_dict)
+_EARLIER_FILES = {"activation": "relu", "source_eos": False}
 # The range of each size a real run could use, with room to spare (the paper's largest model: 12 layers, width
 # 512, hidden 2048; WMT vocabularies hold 32-40k pieces): past these a typo or an edited checkpoint would
 # allocate until memory runs out. Every config passes here: flags, config.json, checkpoints.
@@ -46,7 +54,14 @@ class Seq2SeqConfig:
     decoder_layers: int = 6
     heads: int = 8
     max_len: int = 256  # L: size of the cross-token matrices, longest source and target (incl. BOS)
+    # where fairseq's transformer puts dropout (models/transformer base_architecture): `dropout` (0.1 there) on
+    # the embeddings and on each sublayer's output before its residual sum; attention_dropout (on attention
+    # probabilities) and activation_dropout (after the FFN's non-linearity) default to 0.0 there, as here
     dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str | None = None  # None: DEFAULT_ACTIVATION of the arch
+    source_eos: bool = True  # EOS ends every source, as fairseq's binarised data (Dictionary.encode_line)
     layerscale_init: float = 0.2  # paper section 3.6
     # ResMLP only (the Transformer always adds them). "sinusoidal": Vaswani et al.'s encodings added to the
     # embeddings, as in the fairseq setup (Ott et al.) the paper follows, where only self-attention is
@@ -67,15 +82,22 @@ class Seq2SeqConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value!r}: expected a token id from 0 to vocab_size - 1")
-        if not (_is_number(self.dropout) and 0 <= self.dropout < 1):
-            raise ValueError(f"dropout={self.dropout!r}: expected a probability in [0, 1)")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            if not (_is_number(value) and 0 <= value < 1):
+                raise ValueError(f"{name}={value!r}: expected a probability in [0, 1)")
         if not (_is_number(self.layerscale_init) and 0 <= self.layerscale_init <= 100):
             raise ValueError(f"layerscale_init={self.layerscale_init!r}: expected a number from 0 to 100 (the paper "
                              "uses 0.2)")
-        if not isinstance(self.share_embeddings, bool):
-            raise ValueError(f"share_embeddings={self.share_embeddings!r}: expected true or false")
+        for name in ("share_embeddings", "source_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected true or false")
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {', '.join(ARCHS)}")
+        if self.activation is None and self.arch in DEFAULT_ACTIVATION:
+            object.__setattr__(self, "activation", DEFAULT_ACTIVATION[self.arch])  # frozen: set once, resolved
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}: choose one of {', '.join(ACTIVATIONS)}")
         if self.positions not in POSITIONS:
             raise ValueError(f"unknown positions {self.positions!r}; choose one of {', '.join(POSITIONS)}")
         if self.dim % self.heads:
@@ -95,7 +117,9 @@ class Seq2SeqConfig:
             raise ValueError(f"unknown Seq2SeqConfig fields {sorted(map(str, unknown))}")
         if "vocab_size" not in d:
             raise ValueError("a Seq2SeqConfig needs vocab_size")
-        return cls(**d)
+        earlier = {**_EARLIER_FILES, "attention_dropout": d.get("dropout", 0.1),
+                   "activation_dropout": d.get("dropout", 0.1)}
+        return cls(**{**{k: v for k, v in earlier.items() if k not in d}, **d})
 
 
 # The paper's 6- and 12-layer models (dim 512, hidden 2048), plus small ones for CPU demos and tests.
@@ -119,8 +143,12 @@ class Memory:
 
 
 class FeedForward(nn.Sequential):
-    def __init__(self, dim: int, hidden: int, dropout: float) -> None:
-        super().__init__(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+    """Linear, GELU or ReLU, activation dropout, linear (the sublayer's output dropout is the layer's)."""
+
+    def __init__(self, cfg: Seq2SeqConfig) -> None:
+        act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+        super().__init__(nn.Linear(cfg.dim, cfg.hidden), act, nn.Dropout(cfg.activation_dropout),
+                         nn.Linear(cfg.hidden, cfg.dim))
 
 
 class CrossTokenLinear(nn.Module):
@@ -189,7 +217,7 @@ class EncoderLayer(nn.Module):
         self.token_mix = CrossTokenLinear(cfg.max_len, causal=False)
         self.token_scale = LayerScale(cfg.dim, cfg.layerscale_init)
         self.ffn_norm = Affine(cfg.dim)
-        self.ffn = FeedForward(cfg.dim, cfg.hidden, cfg.dropout)
+        self.ffn = FeedForward(cfg)
         self.ffn_scale = LayerScale(cfg.dim, cfg.layerscale_init)
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -207,10 +235,10 @@ class DecoderLayer(nn.Module):
         self.token_mix = CrossTokenLinear(cfg.max_len, causal=True)
         self.token_scale = LayerScale(cfg.dim, cfg.layerscale_init)
         self.attn_norm = Affine(cfg.dim)
-        self.attn = CrossAttention(cfg.dim, cfg.heads, cfg.dropout)
+        self.attn = CrossAttention(cfg.dim, cfg.heads, cfg.attention_dropout)
         self.attn_scale = LayerScale(cfg.dim, cfg.layerscale_init)
         self.ffn_norm = Affine(cfg.dim)
-        self.ffn = FeedForward(cfg.dim, cfg.hidden, cfg.dropout)
+        self.ffn = FeedForward(cfg)
         self.ffn_scale = LayerScale(cfg.dim, cfg.layerscale_init)
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -372,7 +400,7 @@ class TransformerSeq2Seq(Seq2SeqBase):
 
         def layer_kw() -> dict[str, Any]:
             return dict(d_model=cfg.dim, nhead=cfg.heads, dim_feedforward=cfg.hidden, dropout=cfg.dropout,
-                        batch_first=True, norm_first=True)
+                        activation=cfg.activation, batch_first=True, norm_first=True)
 
         self.encoder = nn.TransformerEncoder(
             nn.TransformerEncoderLayer(**layer_kw()), cfg.encoder_layers, norm=nn.LayerNorm(cfg.dim),
@@ -381,6 +409,7 @@ class TransformerSeq2Seq(Seq2SeqBase):
         self.decoder = nn.TransformerDecoder(
             nn.TransformerDecoderLayer(**layer_kw()), cfg.decoder_layers, norm=nn.LayerNorm(cfg.dim)
         )
+        _fairseq_dropouts([*self.encoder.layers, *self.decoder.layers], cfg)
 
     def encode(self, src: torch.Tensor) -> Memory:
         self.check_length("source", src)
@@ -406,6 +435,16 @@ class TransformerSeq2Seq(Seq2SeqBase):
             raise ValueError(f"cannot decode past the model's max_len {self.config.max_len}")
         state.tokens = torch.cat([state.tokens, tokens[:, None]], dim=1)
         return self.decode(state.tokens, state.memory)[:, -1]
+
+
+def _fairseq_dropouts(layers: list[nn.Module], cfg: Seq2SeqConfig) -> None:
+    """torch's Transformer layers take one dropout rate for their residual branches, attention probabilities and
+    FFN activations; fairseq's take three: the attention modules and the FFN's dropout get theirs here."""
+    for layer in layers:
+        for name in ("self_attn", "multihead_attn"):
+            if hasattr(layer, name):
+                getattr(layer, name).dropout = cfg.attention_dropout
+        layer.dropout.p = cfg.activation_dropout
 
 
 def build_translation_model(cfg: Seq2SeqConfig) -> Seq2SeqBase:

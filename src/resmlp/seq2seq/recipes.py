@@ -6,10 +6,20 @@ Each value is a flag of `resmlp translate train` and names its source:
   translations with the beam search algorithm, with a beam of size 4." Models "of dimension 512, with a
   hidden MLP size of 2,048, and with 6 or 12 layers" (the `base6` / `base12` presets).
 - "Ott et al.": the setup the paper follows ([45], Scaling Neural Machine Translation): a joint BPE
-  vocabulary of 32K symbols for En-De and 40K for En-Fr, and fairseq's examples/scaling_nmt/README.md,
-  which decodes newstest2014 with `--beam 4 --lenpen 0.6` (the length penalty is not in the paper).
-Not set, because neither source fixes it for this code: the batch (Ott et al. trained on many GPUs with large
-token batches: `--max-tokens` is per process here) and the number of steps.
+  vocabulary of 32K symbols for En-De and 40K for En-Fr, and fairseq's examples/scaling_nmt/README.md, which
+  trains with `--max-tokens 3584` per GPU, "add --update-freq 16 to simulate training on 8*16=128 GPUs" on 8 (so
+  3,584 x 128 = 458,752 tokens per update, TOKENS_PER_UPDATE), and decodes newstest2014 with `--beam 4 --lenpen
+  0.6` (the length penalty is not in the paper).
+- "fairseq transformer": fairseq/models/transformer base_architecture, where `dropout` acts on embeddings and
+  sublayer outputs and `attention_dropout` / `activation_dropout` default to 0.0.
+- "Vaswani et al.": "for the base models, we used a single model obtained by averaging the last 5 checkpoints"
+  (section 6.1), the averaging fairseq's scripts/average_checkpoints.py does.
+
+`--update-freq` is not a recipe value: `resmlp translate train` derives it from the number of processes
+(WORLD_SIZE) and `--max-tokens` so that an update holds TOKENS_PER_UPDATE tokens at most (16 on 8 processes, 128
+on one), and prints the effective batch. Not set, because no source fixes it for this code: the number of steps
+(`--max-steps`). The schedule after the warm-up (constant) is this project's choice: section 3.6 gives only the
+warm-up, fairseq's scaling_nmt decays as inverse_sqrt (with Adam, not the paper's Adagrad).
 
 No torch import: the command line reads this module to build its parser.
 """
@@ -18,7 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
-PAPER, OTT = "paper 3.6", "Ott et al."
+PAPER, OTT, FAIRSEQ, VASWANI = "paper 3.6", "Ott et al.", "fairseq transformer", "Vaswani et al."
+# Ott et al.'s batch: 3,584 tokens per GPU x 128 GPUs (8 GPUs x --update-freq 16), fairseq's scaling_nmt README
+TOKENS_PER_UPDATE: tuple[int, str] = (3584 * 128, "Ott et al.: --max-tokens 3584 x 128 GPUs")
 
 # recipe -> flag (argparse dest) -> (value, source)
 RECIPES: dict[str, dict[str, tuple[Any, str]]] = {
@@ -29,10 +41,14 @@ RECIPES: dict[str, dict[str, tuple[Any, str]]] = {
         "warmup_steps": (32_000, PAPER),
         "label_smoothing": (0.1, PAPER),
         "dropout": (0.15, PAPER),
+        "attention_dropout": (0.0, FAIRSEQ),
+        "activation_dropout": (0.0, FAIRSEQ),
         "layerscale_init": (0.2, PAPER),
         "beam": (4, PAPER),
         "lenpen": (0.6, OTT),
         "vocab_size": (32_000, OTT),
+        "max_tokens": (3584, OTT),
+        "average_last": (5, VASWANI),
         "max_minutes": (7 * 24 * 60.0, "a week: the paper gives no time budget (the default 20 min is a demo's)"),
     },
 }

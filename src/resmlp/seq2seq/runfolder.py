@@ -45,7 +45,7 @@ _CONFIG_MAX_DEPTH = 3  # the config, its model_overrides, nothing deeper
 _CHECKPOINT_TYPES: dict[str, type | tuple[type, ...]] = {
     "model": dict, "model_config": dict, "optimizer": dict, "scheduler": dict, "step": int, "epoch": int,
     "batch_in_epoch": int, "train_seconds": (int, float), "rng": torch.Tensor, "cuda_rng": torch.Tensor,
-    "scaler": dict,
+    "scaler": dict, "averaged_steps": list,
 }
 RESUME_KEYS = ("optimizer", "scheduler", "step", "epoch", "train_seconds")
 _MAX_COUNT = 1 << 40  # steps, epochs, batches: more than any run makes

@@ -49,8 +49,9 @@ def recipe_path(name_or_path: str | Path) -> Path:
 
 
 def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
-                overrides: dict[str, Any] | list[str] | None = None) -> TrainConfig:
-    """Recipe (name, YAML path, dict or TrainConfig) + overrides ({"optim.lr": 1e-3} or ["optim.lr=1e-3"])."""
+                overrides: dict[str, Any] | list[str] | None = None, check_memory: bool = True) -> TrainConfig:
+    """Recipe (name, YAML path, dict or TrainConfig) + overrides ({"optim.lr": 1e-3} or ["optim.lr=1e-3"]);
+    check_memory=False: validation does not refuse a run for this machine's memory (resmlp.train.dry_run)."""
     if isinstance(recipe, TrainConfig):
         raw, name, origin = recipe.to_dict(), recipe.recipe, "the config given"
     elif isinstance(recipe, dict):
@@ -85,7 +86,7 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
     raw.setdefault("recipe", name)
     _drop_keys_of_another_model(raw, sources, recipe_model, origin)
     _normalise_as_the_checkpoint(raw)
-    return validate(raw, sources)
+    return validate(raw, sources, check_memory)
 
 
 def _normalise_as_the_checkpoint(raw: dict[str, Any]) -> None:
@@ -132,9 +133,22 @@ def _drop_keys_of_another_model(raw: dict[str, Any], sources: dict[str, str], re
     dropped = keys_not_applying(name, from_recipe)
     for key in dropped:
         del model[key]
-    if dropped:
+    if dropped and _exists(name):  # a typo'd name: validation's error is the one line to see, no note first
         warnings.warn(f"model {name}: model keys {', '.join(dropped)} of {origin} (written for {recipe_model}) do "
                       "not apply to it and are dropped", stacklevel=3)
+
+
+def _exists(name: Any) -> bool:
+    """Whether the model a name names is there to build (its library knows it, its file exists)."""
+    if name.kind == "timm":
+        import timm
+
+        return timm.is_model(name.name)
+    if name.kind == "torchvision":
+        import torchvision
+
+        return name.name in torchvision.models.list_models(module=torchvision.models)
+    return name.kind != "file" or Path(name.name).is_file()
 
 
 def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:

@@ -5,7 +5,7 @@ the trainer's: multi-crop training transform, student = backbone + DINO head, te
 (timm's ModelEmaV3) owned by the task, its momentum rising on a cosine schedule, weight decay rising on DINO's
 cosine schedule (optim.weight_decay to dino.weight_decay_end), the DINO loss (centering, teacher-temperature
 warm-up), the last layer's gradients dropped during the first `dino.freeze_last_layer_epochs` epochs, gradient
-clipping by train.clip_grad (one global norm, where DINO clips each parameter), and a weighted k-NN (k=20,
+clipping by train.clip_grad (train.clip_mode per_param: each parameter's norm, as DINO), and a weighted k-NN (k=20,
 T=0.07) of the teacher backbone on the labelled val split after each epoch, with the training set
 (evaluation transform) as memory. The teacher backbone is what best/last.safetensors hold (head removed);
 `knn_top1` goes to summary.json.
@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, ImageFilter
 from timm.utils import ModelEmaV3
 from torch import nn
 from torchvision import transforms as T
+from torchvision.transforms import functional as TF
 
 from resmlp import reporting
 from resmlp.data import ArrayDataset
@@ -127,10 +128,27 @@ class DINOLoss(nn.Module):
 
 
 def cosine_schedule(start: float, end: float, total_steps: int) -> list[float]:
-    """One value per step, cosine from `start` to `end` (DINO's teacher momentum and weight decay)."""
-    if total_steps <= 1:
-        return [start]
-    return [end - (end - start) * (math.cos(math.pi * i / (total_steps - 1)) + 1) / 2 for i in range(total_steps)]
+    """One value per step, cosine from `start` towards `end` as DINO's utils.cosine_scheduler without warm-up
+    (its teacher momentum and weight decay): end + (start - end) * (1 + cos(pi * i / total_steps)) / 2, so the
+    last step stops one step short of `end`, as DINO's does."""
+    return [end + (start - end) * (1 + math.cos(math.pi * i / total_steps)) / 2 for i in range(max(total_steps, 1))]
+
+
+class DINOGaussianBlur:
+    """DINO's Gaussian blur (its utils.GaussianBlur without the coin flip, which T.RandomApply does here): PIL's
+    ImageFilter.GaussianBlur, whose kernel covers the whole radius, at a radius drawn uniformly from
+    [radius_min, radius_max] pixels of the crop it is applied to (DINO: 0.1 to 2). The radius is drawn from
+    torch's generator, which the DataLoader seeds per worker, where DINO uses Python's `random`."""
+
+    def __init__(self, radius_min: float = 0.1, radius_max: float = 2.0) -> None:
+        self.radius_min, self.radius_max = radius_min, radius_max
+
+    def __call__(self, image: Image.Image | torch.Tensor) -> Image.Image | torch.Tensor:
+        radius = self.radius_min + (self.radius_max - self.radius_min) * float(torch.rand(()))
+        if isinstance(image, torch.Tensor):  # data.pipeline=device: a decoded uint8 image where it lies
+            size = 2 * math.ceil(3 * radius) + 1  # a kernel out to 3 sigma: PIL's also covers the whole radius
+            return TF.gaussian_blur(image, [size, size], [radius, radius])
+        return image.filter(ImageFilter.GaussianBlur(radius=radius))
 
 
 class MultiCropTransform:
@@ -138,25 +156,29 @@ class MultiCropTransform:
 
     def __init__(self, img_size: int, mean: tuple[float, ...], std: tuple[float, ...], num_local: int = 4,
                  global_scale: tuple[float, float] = (0.4, 1.0), local_scale: tuple[float, float] = (0.05, 0.4),
-                 local_size: int | None = None, grayscale: bool = False) -> None:
+                 local_size: int | None = None, grayscale: bool = False, tensors: bool = False) -> None:
         local_size = local_size or max(img_size * 3 // 7, 8)
         # Grayscale images keep DINO's brightness and contrast jitter: without any photometric change two
         # crops of one image share its intensity histogram, a shortcut that matches views without shape.
         jitter = T.ColorJitter(0.4, 0.4) if grayscale else T.ColorJitter(0.4, 0.4, 0.2, 0.1)
         color = [T.RandomApply([jitter], p=0.8)] + ([] if grayscale else [T.RandomGrayscale(p=0.2)])
-        finish = [T.ToTensor(), T.Normalize(mean, std)]
+        # tensors: the same torchvision transforms on decoded uint8 tensors where they are (data.pipeline device),
+        # normalised by the caller (resmlp.data.device_augment.PerImageOnDevice): torchvision's Normalize copies
+        # its statistics to the device and reads back a zero check on every call
+        finish = [T.ConvertImageDtype(torch.float32)] if tensors else [T.ToTensor(), T.Normalize(mean, std)]
         flip = T.RandomHorizontalFlip()
-        blur = T.GaussianBlur(3, sigma=(0.1, 2.0))
+        blur = DINOGaussianBlur(0.1, 2.0)  # DINO's utils.GaussianBlur radius range
         self.global_views = [  # DINO's two global views: blurred always / rarely, the second solarised at 0.2
             T.Compose([T.RandomResizedCrop(img_size, scale=global_scale, interpolation=T.InterpolationMode.BICUBIC),
                        flip, *color, T.RandomApply([blur], p=p_blur), T.RandomSolarize(128, p=p_solarize), *finish])
             for p_blur, p_solarize in ((1.0, 0.0), (0.1, 0.2))
         ]
-        # option (a): crop small, then resize to the global size the cross-patch matrix expects
+        # option (a): crop small and augment at that size as DINO does (the blur radius is in the small crop's
+        # pixels), then resize to the global size the cross-patch matrix expects
         self.local_view = T.Compose([
             T.RandomResizedCrop(local_size, scale=local_scale, interpolation=T.InterpolationMode.BICUBIC),
-            T.Resize(img_size, interpolation=T.InterpolationMode.BICUBIC), flip, *color,
-            T.RandomApply([blur], p=0.5), *finish])
+            flip, *color, T.RandomApply([blur], p=0.5),
+            T.Resize(img_size, interpolation=T.InterpolationMode.BICUBIC), *finish])
         self.num_local = num_local
 
     def __call__(self, image: Image.Image) -> list[torch.Tensor]:
@@ -177,8 +199,9 @@ class DINOTask(SupervisedTask):
     # -------------------------------------------------------------------------------- model and loss
     def train_transform(self):
         d = self.cfg.dino
-        return lambda pre: MultiCropTransform(pre.img_size, pre.mean, pre.std, d.num_local, tuple(d.global_scale),
-                                              tuple(d.local_scale), d.local_size, grayscale=pre.in_chans == 1)
+        return lambda pre, tensors=False: MultiCropTransform(
+            pre.img_size, pre.mean, pre.std, d.num_local, tuple(d.global_scale), tuple(d.local_scale), d.local_size,
+            grayscale=pre.in_chans == 1, tensors=tensors)
 
     def build_model(self, trainer: TrainerView, num_classes: int) -> nn.Module:
         backbone = super().build_model(trainer, num_classes)
@@ -256,10 +279,10 @@ class DINOTask(SupervisedTask):
         def features(dataset, batched, name: str):
             batches = eval_batches_or_loader(dataset, batched, trainer.micro_batch, self.cfg.data.num_workers)
             if trainer.cfg.train.progress and trainer.info.is_main:
-                from tqdm.auto import tqdm
+                from resmlp.progress import progress_bar
 
-                batches = tqdm(batches, total=math.ceil(len(dataset) / trainer.micro_batch), unit="batch",
-                               desc=f"k-NN features ({name})", dynamic_ncols=True, leave=False)
+                batches = progress_bar(batches, total=math.ceil(len(dataset) / trainer.micro_batch), unit="batch",
+                                       desc=f"k-NN features ({name})", leave=False)
             return extract_features(fast, batches, trainer.info.device)
 
         return knn_accuracy(*features(data.train_eval, memory_batched, "memory"),

@@ -7,8 +7,9 @@ Distillation (timm ships `timm.task.LogitDistillationTask`, but it is a training
 student itself and offers only the soft KL term; the paper's hard distillation needs the small loss below),
 with student logits s, teacher logits t, base supervised loss L (CE on labels, or on Mixup/CutMix targets):
 - hard: 1/2 L(s) + 1/2 CE(s, argmax t)                             (DeiT, used by the ResMLP paper)
-- soft: (1 - alpha) L(s) + alpha tau^2 KL(softmax(t / tau) || softmax(s / tau))   (batch mean)
-The teacher sees exactly the (mixed) images the student sees, as in DeiT. With `distill.cache` (only for
+- soft: (1 - alpha) L(s) + alpha tau^2 KL(softmax(t / tau) || softmax(s / tau)) / (batch x classes)   (DeiT)
+The teacher sees the (mixed) images the student sees, as in DeiT (at its own resolution and normalisation where
+its checkpoint records them: resmlp.train.teacher.TeacherInput). With `distill.cache` (only for
 a fixed augmentation, checked by the config) each distinct image's teacher output is kept, keyed by a hash
 of its pixels, so the teacher runs once per image (and flip) instead of once per epoch.
 """
@@ -67,9 +68,11 @@ def hard_distillation_loss(student: torch.Tensor, teacher: torch.Tensor, base: t
 
 def soft_distillation_loss(student: torch.Tensor, teacher: torch.Tensor, base: torch.Tensor, alpha: float,
                            tau: float) -> torch.Tensor:
-    """(1 - alpha) base + alpha tau^2 KL(teacher/tau || student/tau), averaged over the batch."""
+    """(1 - alpha) base + alpha tau^2 KL(teacher/tau || student/tau), the KL summed and divided by batch x
+    classes as DeiT's losses.py does (kl_div(..., reduction='sum') * T * T / outputs_kd.numel()): at the same
+    alpha, 1/classes of a per-sample (batchmean) KL."""
     kl = F.kl_div(F.log_softmax(student / tau, dim=-1), F.log_softmax(teacher / tau, dim=-1),
-                  reduction="batchmean", log_target=True)
+                  reduction="sum", log_target=True) / student.numel()
     return (1 - alpha) * base + alpha * tau**2 * kl
 
 

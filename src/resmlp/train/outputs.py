@@ -8,13 +8,17 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from resmlp import reporting
+from resmlp.data.assemble import run_spec
 from resmlp.evaluation import EVAL_BATCH_SIZE
 from resmlp.hostinfo import host_info
 from resmlp.inference import load_for_inference
 from resmlp.runtime import barrier, precision_name
+from resmlp.train.history import keep_best
 from resmlp.train.state import STATE_FILE
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from resmlp.train.view import TrainerView
 
 
@@ -22,15 +26,19 @@ def checkpoint_metadata(trainer: TrainerView, row: dict[str, Any]) -> dict[str, 
     """What best/last.safetensors carry besides weights: classes, preprocessing, dataset, scores."""
     scores = {k: v for k, v in row.items() if k in ("val_top1", "val_top5", "knn_top1")}
     return dict(class_names=trainer.data.class_names, preprocess=trainer.data.preprocess.to_dict(),
-                dataset=trainer.cfg.data.kind, recipe=trainer.cfg.recipe, epoch=row["epoch"], **scores)
+                dataset=run_spec(trainer.cfg.data).kind, recipe=trainer.cfg.recipe, epoch=row["epoch"], **scores)
 
 
-def side_outputs(trainer: TrainerView, row: dict[str, Any]) -> None:
-    """Metrics CSV, learning curves and TensorBoard: a failure here is a warning, never a lost run."""
+def side_outputs(trainer: TrainerView, row: dict[str, Any], model: nn.Module | None = None, score: float = 0.0,
+                 logs: bool = True) -> None:
+    """The checkpoint history (train.checkpoint_hist; with `model`), then metrics CSV, learning curves and the
+    experiment logs (TensorBoard, W&B, MLflow; with `logs`): a failure of those is a warning, never a lost run."""
     out, history = trainer.out, trainer.history
+    if trainer.cfg.train.checkpoint_hist and model is not None:
+        keep_best(out, trainer.cfg.train.checkpoint_hist, model, checkpoint_metadata(trainer, row), row["epoch"], score)
     for what, write in (("metrics.csv", lambda: reporting.write_metrics_csv(out / "metrics.csv", history)),
                         ("learning_curves.png", lambda: trainer.task.plot(out / "learning_curves.png", history)),
-                        ("TensorBoard log", lambda: trainer.tb.log(row))):
+                        *([("experiment logs", lambda: trainer.tb.log(row))] if logs else [])):
         try:
             write()
         except Exception as e:  # a side output must not stop training: the state is already saved
@@ -62,10 +70,11 @@ def run_summary(trainer: TrainerView, selected_test: dict[str, float] | None,
         wall_seconds=round(trainer.wall_before + time.perf_counter() - trainer.t0, 1),
         checkpoint=str((out / "best.safetensors").resolve()), last_checkpoint=str((out / "last.safetensors").resolve()),
         state=str((out / STATE_FILE).resolve()), recipe=t.recipe, task=trainer.task.name, model=t.model,
-        dataset=t.data.kind, global_batch=t.train.batch_size, lr=trainer.lr, amp=precision_name(trainer.amp),
+        dataset=run_spec(t.data).kind, global_batch=t.train.batch_size, lr=trainer.lr, amp=precision_name(trainer.amp),
         device=str(info.device), world_size=info.world_size, compile=trainer.compile_choice.summary(),
         host=host_info(trainer.amp), metrics=str((out / "metrics.csv").resolve()),
-        learning_curves=str((out / "learning_curves.png").resolve()), **trainer.task.summary_extra(),
+        learning_curves=str((out / "learning_curves.png").resolve()), data_pipeline=trainer.data.pipeline_summary(),
+        **trainer.task.summary_extra(),
     )
     if selected_test is not None:  # how the test split was scored: `resmlp eval` with these gives the same number
         summary["test_scored_with"] = dict(precision=precision_name(trainer.amp), device=str(info.device),

@@ -100,7 +100,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     OUTPUT/summary.json, host and precision included.
     """
     from resmlp import reporting
-    from resmlp.data import KINDS, ArrayDataset, build_dataset, heldout_split
+    from resmlp.data import ArrayDataset, build_dataset, heldout_split, resolve_data
     from resmlp.evaluation import eval_batches_or_loader, resolve_checkpoint
     from resmlp.hostinfo import host_info
     from resmlp.inference import load_for_inference, optimize_features
@@ -114,29 +114,27 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     if not 1 <= batch_size <= 65536:
         raise ConfigError(f"--batch-size {batch_size}: expected a number of images from 1 to 65536")
     checkpoint = resolve_checkpoint(checkpoint)
-    loaded = load_for_inference(checkpoint, dataset=data if data in KINDS else None)
-    if data not in KINDS:
-        if not Path(data).is_dir():
-            raise ValueError(f"--data {data!r} is neither a dataset kind ({', '.join(KINDS)}) nor a folder")
-        data, data_dir = "folder", data
+    spec = resolve_data(data, data_dir)
+    loaded = load_for_inference(checkpoint, dataset=spec.kind)
     pre, model = loaded.preprocess, loaded.model
+    if pre.note:  # assumed, not read from the file (resmlp.preprocess.preprocess_of_file): said in one line
+        print(pre.note, file=sys.stderr, flush=True)
     torch_device = resolve_device(device)
     precision = "bf16" if resolve_amp(amp, torch_device) == "bf16" else "fp32"
     features = optimize_features(model, precision).to(torch_device)
     start = time.perf_counter()
     split_features = []
-    for split in ("train", heldout_split(data, data_dir)):
-        dataset = build_dataset(data, split, data_dir, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
+    for split in ("train", heldout_split(spec)):
+        dataset = build_dataset(spec, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size)
         # in-memory images already at the model's size are preprocessed in whole batches (exact, and ~10x faster
         # than the per-image PIL transform that dominated eval-knn's time)
         batched = (pre.batched_eval(*dataset.images.shape[1:3]) if isinstance(dataset, ArrayDataset) else None)
         loader = eval_batches_or_loader(dataset, batched, batch_size, num_workers)
         if progress:
-            from tqdm.auto import tqdm
+            from resmlp.progress import progress_bar
 
             # the batched form is a generator: the total (and so the ETA) comes from the split's size
-            loader = tqdm(loader, desc=f"features {split}", unit="batch", dynamic_ncols=True,
-                          total=-(-len(dataset) // batch_size))
+            loader = progress_bar(loader, desc=f"features {split}", unit="batch", total=-(-len(dataset) // batch_size))
         split_features += extract_features(features, loader, torch_device)
     if method == "knn":
         key, top1 = "knn_top1", knn_accuracy(*split_features, k=k, temperature=temperature)
@@ -146,10 +144,11 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
             print(f"fitting the linear probe on {len(train_x)} features of {train_x.shape[1]} dimensions ...",
                   file=sys.stderr, flush=True)
         key, top1 = "linear_top1", linear_probe_accuracy(*(t.cpu().numpy() for t in split_features))
-    summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": data,
+    summary = {key: top1, "checkpoint": str(Path(checkpoint).resolve()), "dataset": spec.kind,
                "train_images": len(split_features[1]), "test_images": len(split_features[3]),
                "feature_dim": int(split_features[0].shape[1]), "wall_seconds": round(time.perf_counter() - start, 1),
-               "precision": precision, "host": host_info(precision)}
+               "precision": precision, "host": host_info(precision),
+               "preprocess": dict(pre.to_dict(), source=pre.source), "preprocess_note": pre.note or None}
     if method == "knn":
         summary.update(k=k, temperature=temperature)
     if output is not None:

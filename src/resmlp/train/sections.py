@@ -15,14 +15,21 @@ from resmlp.models.registry import model_config
 from resmlp.models.resmlp import ResMLPConfig
 
 TASKS = ("supervised", "distillation", "finetune", "dino")
+CLIP_MODES = ("norm", "per_param")  # train.clip_mode
 # ResMLPConfig fields that are training hyper-parameters: a fine-tuning run may set them, its checkpoint not
 TRAINING_FIELDS = ("drop_rate", "drop_path_rate")
 
 
 @dataclass
 class DataConfig:
-    kind: str = "fashion-mnist"  # fashion-mnist | folder | cifar10 | cifar100 | synthetic
+    # the data source in one grammar (resmlp.data.sources): folder:DIR, wds:PATTERN, hf:DIR, fashion-mnist[:DIR],
+    # cifar10:DIR, cifar100:DIR, synthetic. None: kind + dir below, the older spelling of the same
+    source: str | None = None
+    kind: str = "fashion-mnist"  # fashion-mnist | folder | wds | hf | cifar10 | cifar100 | synthetic
     dir: str | None = None  # None: the kind's default location (Fashion-MNIST: the Debian package)
+    class_map: str | None = None  # folders: a text file, one class per line, its index the line number (timm's)
+    streaming: bool = False  # hf: stream the dataset (an iterable) instead of memory-mapping it
+    epoch_length: int | None = None  # wds: samples per epoch when the shards have no index.json
     mean: list[float] | None = None  # None: the dataset's statistics (ImageNet's for folders)
     std: list[float] | None = None
     crop_pct: float = 0.875  # evaluation: resize to img_size / crop_pct, then center-crop
@@ -45,6 +52,10 @@ class DataConfig:
     # in-memory datasets (fashion-mnist, cifar, synthetic) without auto_augment/color_jitter: crop, flip and
     # erase whole batches in the training process (resmlp.data.batch_augment); false: timm's per-image transform
     batch_augment: bool = True
+    # device: JPEGs decoded and the training augmentation (random-resized crop, flip, timm's RandAugment, erasing)
+    # applied to whole batches where the model runs (resmlp.data.device_pipeline); timm: timm's per-image
+    # transform in loader workers, the reference. Recipes whose ops the device path covers set device
+    pipeline: str = "timm"
     synthetic_size: list[int] = field(default_factory=lambda: [256, 64])  # train, val (kind: synthetic)
     synthetic_classes: int = 4
     permute: str = "none"  # none | patch | global: one fixed pixel permutation on train and val (resmlp.data.permute)
@@ -72,6 +83,9 @@ class ScheduleConfig:
     min_lr: float = 1e-5
     decay_epochs: float = 30  # step only: multiply lr by decay_rate every decay_epochs
     decay_rate: float = 0.1
+    # false: the cosine spans all epochs, warm-up included (timm's default, DeiT's); true: it starts after the
+    # warm-up and spans the rest (timm's warmup_prefix with epochs - warmup_epochs: DINO's utils.cosine_scheduler)
+    warmup_prefix: bool = False
 
 
 @dataclass
@@ -87,6 +101,9 @@ class DistillConfig:
     tau: float = 1.0  # soft: temperature
     weights: str | None = None  # weights file for a timm:/torchvision: teacher
     allow_random_teacher: bool = False  # a timm:/torchvision: teacher without weights is refused unless this is set
+    # the user vouches that the teacher's logit i is the data's class i: admits a teacher whose file records no
+    # class names (resmlp.train.teacher); a recorded order that differs from the data's is refused all the same
+    classes_match: bool = False
     # keep each distinct training image's teacher output (in memory, keyed by its pixels): pays off when the
     # augmentation yields few distinct images (no crops, erasing, Mixup/CutMix, RandAugment; flips allowed).
     # On a GPU it makes every step wait for the host: the batch is hashed there (its pixels copied back) and
@@ -127,6 +144,9 @@ class TrainSection:
     batch_size: int = 256  # GLOBAL batch (all processes, all accumulation steps)
     grad_accum: int = 1
     clip_grad: float | None = None
+    # norm: one global norm over all gradients (timm's --clip-mode norm); per_param: each parameter's gradient
+    # norm clipped alone (DINO's utils.clip_gradients)
+    clip_mode: str = "norm"
     amp: str = "auto"  # auto (bf16 where the hardware has it) | bf16 | fp16 (GPU, with a scaler) | fp32 (= none)
     # auto: compile when the measured eager step says the rest of the run pays for it (resmlp.train.step);
     # true / false force it (set one of them for runs that must repeat bit for bit)
@@ -144,6 +164,10 @@ class TrainSection:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # CPU threads for compute (torch.set_num_threads); None: torch's default
     progress: bool = True
+    checkpoint_hist: int = 0  # keep the N best epochs' checkpoints (timm's --checkpoint-hist; resmlp.train.history)
+    log_wandb: bool = False  # also log each epoch's metrics to Weights & Biases (timm's --log-wandb)
+    log_mlflow: bool = False  # ... and/or to MLflow (resmlp.reporting.RunLogs)
+    experiment: str | None = None  # the W&B project / MLflow experiment; None: resmlp
 
 
 @dataclass

@@ -12,6 +12,7 @@ import torch
 
 from resmlp.checkpoint import torch_load
 from resmlp.checkpoint_reader import check_int, check_state_dict
+from resmlp.data.loaders import StreamPosition
 from resmlp.errors import CheckpointError
 from resmlp.fileio import atomic_write
 
@@ -25,7 +26,8 @@ STATE_VERSION = 2  # 2: task state under "task", the schedule rebuilt from the c
 # accumulation (the global batch stays: a job resumed on fewer nodes accumulates what more nodes held at once)
 RESUMABLE_CHANGES = ("schedule.epochs", "optim.lr", "train.device", "train.threads", "train.progress",
                      "train.fused_step", "train.checkpoint_every_steps", "train.deterministic", "data.num_workers",
-                     "data.dir", "train.grad_accum", "train.compile", "train.log_every_steps")
+                     "data.dir", "train.grad_accum", "train.compile", "train.log_every_steps", "train.checkpoint_hist",
+                     "train.log_wandb", "train.log_mlflow", "train.experiment")
 
 
 def save_state(path: str | Path, state: dict[str, Any]) -> Path:
@@ -91,6 +93,19 @@ def check_same_epochs(trainer: TrainerView, state: dict[str, Any]) -> None:
             f"{state['world_size']} process(es), or at a count that splits the epoch into {saved} steps too")
 
 
+def check_same_stream_layout(trainer: TrainerView, state: dict[str, Any]) -> None:
+    """A stream's position within an epoch is counted in its workers' batches (resmlp.data.streams): a resume
+    mid-epoch needs the same processes, data.num_workers and micro-batch, or it would repeat and skip images."""
+    if not state.get("step_in_epoch") or not isinstance(getattr(trainer, "sampler", None), StreamPosition):
+        return
+    saved = (state["world_size"], state["config"]["data"]["num_workers"], state["config"]["train"]["grad_accum"])
+    now = (trainer.info.world_size, trainer.cfg.data.num_workers, trainer.cfg.train.grad_accum)
+    if saved != now:
+        raise ValueError(f"{trainer.state_path} stopped mid-epoch reading a stream with {saved[0]} process(es), "
+                         f"data.num_workers={saved[1]} and train.grad_accum={saved[2]}; "
+                         "resume it with the same, or the epoch would repeat and skip images")
+
+
 def state_to_resume(out: Path, resume: bool | str | Path) -> Path | None:
     """The state file a run continues (resume True: OUT/last.pth), None for a new run; refuses to start a new
     run over an existing one."""
@@ -124,6 +139,7 @@ def restore(trainer: TrainerView, state: dict[str, Any]) -> None:
     """Put a saved state back into a freshly built trainer (same config, or one check_resumable accepts)."""
     check_resumable(trainer.state_path, state["config"], trainer.cfg.to_dict())
     check_same_epochs(trainer, state)
+    check_same_stream_layout(trainer, state)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     if trainer.ema is not None and state["ema"] is not None:

@@ -6,6 +6,7 @@
   finite (as GradScaler skips fp16 steps, but without reading the verdict on the host): the parameters and the
   optimizer state, step counters included, are put back as they were before the step. The run stops at the
   next read, naming the step.
+- `lr_scheduler`, `total_grad_norm`: the per-step learning rate and gradient clipping.
 - `CompileChoice`: `train.compile: auto` measures the eager step, then compiles when the rest of the run is
   long enough to pay for the compilation.
 
@@ -19,9 +20,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+from timm.scheduler import create_scheduler_v2
+from timm.scheduler.scheduler import Scheduler
 from torch import nn
 
 from resmlp.runtime import canonical_device
+from resmlp.train.sections import ScheduleConfig
 
 # what a compilation costs: the quickstart's first epoch ran 1-16 s longer than its others on a 2-core AVX-512
 # BF16 CPU in bf16 (inductor's cache warm or cold; docs/benchmarks.md); on an H100 18.5 s (default mode) and 7.6 s
@@ -131,20 +135,39 @@ def optimizer_options(name: str, device: torch.device) -> dict[str, object]:
     return {"capturable": True} if name == "adamw" and device.type == "cuda" else {}
 
 
+def lr_scheduler(optimizer: torch.optim.Optimizer, s: ScheduleConfig, updates_per_epoch: int) -> Scheduler:
+    """timm's per-step scheduler for the schedule section. warmup_prefix: the cosine starts after the warm-up and
+    spans the remaining epochs (DINO's utils.cosine_scheduler); else it spans all epochs, warm-up included."""
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched=s.name, num_epochs=s.epochs - s.warmup_epochs if s.warmup_prefix else s.epochs,
+        decay_epochs=s.decay_epochs, decay_rate=s.decay_rate, min_lr=s.min_lr, warmup_lr=s.warmup_lr,
+        warmup_epochs=s.warmup_epochs, warmup_prefix=s.warmup_prefix, step_on_epochs=False,
+        updates_per_epoch=updates_per_epoch)
+    return scheduler
+
+
 def all_finite(loss: torch.Tensor, grad_norm: torch.Tensor | None) -> torch.Tensor:
     """A device bool: the loss and (when given) the total gradient norm are finite."""
     finite = torch.isfinite(loss)
     return finite & torch.isfinite(grad_norm) if grad_norm is not None else finite
 
 
-def total_grad_norm(model: nn.Module, clip: float | None) -> torch.Tensor | None:
-    """The total gradient norm (clipping to `clip` when set): NaN/inf when any gradient is."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+def total_grad_norm(model: nn.Module, clip: float | None, mode: str = "norm") -> torch.Tensor | None:
+    """The total gradient norm before clipping: NaN/inf when any gradient is. With `clip`, mode "norm" scales
+    all gradients by one factor so that their global norm is at most `clip` (torch's clip_grad_norm_), mode
+    "per_param" scales each parameter's gradient so that its own norm is at most `clip`, as DINO's
+    utils.clip_gradients does (factor clip / (norm + 1e-6) where below 1). No host read in either."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = [p.grad for p in params]
     if not grads:
         return None
-    if clip:
-        return nn.utils.clip_grad_norm_(grads, clip)
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    if clip and mode == "norm":  # clip_grad_norm_ takes the parameters (handed their grads, it finds none to clip)
+        return nn.utils.clip_grad_norm_(params, clip)
+    norms = torch._foreach_norm(grads)
+    if clip:  # per_param; torch has no per-tensor clip, so the factors are DINO's, applied in one foreach pass
+        factors = [(clip / (n + 1e-6)).clamp(max=1.0) for n in norms]
+        torch._foreach_mul_(grads, factors)
+    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 @dataclass
@@ -172,13 +195,20 @@ class CompileChoice:
         return bool(self.decided) and self.device.type == "cuda" and self.world_size == 1
 
     def summary(self) -> dict[str, object]:
-        return dict(compiled=bool(self.decided), cuda_graphs=self.cuda_graphs, why=self.reason)
+        why = self.reason or (f"train.compile=auto: undecided after {self._steps} step(s) of this process (a resumed "
+                              "run times its eager steps again), so it stayed eager")
+        return dict(compiled=bool(self.decided), cuda_graphs=self.cuda_graphs, why=why)
 
     def after_step(self, remaining_steps: int, sync) -> bool | None:
         """Called after each step; True exactly once, when auto decides to compile (the caller compiles)."""
         if self.decided is not None:
             return None
         self._steps += 1
+        if remaining_steps == 0 and self._steps <= 2:  # the run ends before any eager step was timed
+            self.decided = False
+            self.reason = (f"train.compile=auto: the run's {self._steps} step(s) ended before the 2 warm-up steps "
+                           "were timed, so it stayed eager")
+            return False
         if self._steps == 2:
             sync()
             self._start = time.perf_counter()

@@ -11,16 +11,17 @@ resmlp.train.task_registry (docs/architecture.md walks through DINOTask, resmlp.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from resmlp import reporting
 from resmlp.build import build_model, build_model_for_input, freeze_layers, resmlp_start, timm_start
+from resmlp.data.arrays import ArrayDataset
 from resmlp.evaluation import EVAL_BATCH_SIZE, classify, eval_batches_or_loader
 from resmlp.preprocess import Preprocess
 from resmlp.train.config import TrainConfig
@@ -59,7 +60,7 @@ class Task:
 
     def evaluate(self, trainer: TrainerView, model: nn.Module) -> tuple[dict[str, Any], float]:
         """End-of-epoch metrics (entries of the epoch's row) and the score that picks the best checkpoint."""
-        result = self._classify(trainer, model, trainer.data.val, trainer.data.val_batched)
+        result = self._classify(trainer, model, trainer.data.val, trainer.data.val_batched, progress="validation")
         return dict(val_loss=result["loss"], val_top1=result["top1"], val_top5=result["top5"],
                     skipped_val_images=result["skipped"]), result["top1"]
 
@@ -78,13 +79,10 @@ class Task:
         batches = eval_batches_or_loader(dataset, batched, batch_size, self.cfg.data.num_workers, trainer.info,
                                          trainer.info.device)
         if progress and self.cfg.train.progress and trainer.info.is_main:
-            import sys
-
-            from tqdm.auto import tqdm
+            from resmlp.progress import progress_bar
 
             total = -(-len(dataset) // (batch_size * trainer.info.world_size))  # this rank's share
-            batches = tqdm(batches, desc=progress, unit="batch", total=total, file=sys.stderr, dynamic_ncols=True,
-                           leave=False)
+            batches = progress_bar(batches, desc=progress, unit="batch", total=total, leave=False)
         return classify(model, batches, len(trainer.data.class_names), trainer.info.device, trainer.amp,
                         trainer.info)
 
@@ -95,7 +93,7 @@ class Task:
     def epoch_message(self, row: dict[str, Any], epochs: int) -> str:
         skipped = row["skipped_train_images"] + row["skipped_val_images"]
         return (f"epoch {row['epoch']}/{epochs}: train loss {row['train_loss']:.4f}, "
-                f"val loss {row['val_loss']:.4f}, top-1 {row['val_top1']:.2f}%, top-5 {row['val_top5']:.2f}%"
+                f"val loss {row['val_loss']:.4f}, {reporting.topk_text(row['val_top1'], row['val_top5'])}"
                 + (f", {skipped} unreadable images skipped" if skipped else ""))
 
     def plot(self, path: Path, history: list[dict[str, Any]]) -> None:
@@ -146,21 +144,45 @@ class DistillationTask(SupervisedTask):
     name = "distillation"
 
     def build_loss(self, trainer: TrainerView, num_classes: int) -> LossFn:
-        kd = self.cfg.distill
+        from resmlp.train import teacher as teachers
+
+        kd, data = self.cfg.distill, trainer.data
         in_chans, img_size = self.cfg.input_shape()
-        teacher = load_teacher(kd.teacher, num_classes, in_chans, kd.weights, kd.allow_random_teacher)
+        teacher = teachers.load_teacher(kd.teacher, num_classes, in_chans, kd.weights, kd.allow_random_teacher)
+        own = teachers.teacher_preprocess(kd.teacher, kd.weights, teacher, self.cfg.data.kind)
+        self.teacher_preprocess = own if own is not None and not teachers.same_input(own, data.preprocess) else None
+        if self.teacher_preprocess is not None:
+            if self.cfg.data.permute != "none":
+                raise ValueError(f"distillation teacher {kd.teacher} takes {own.img_size} px images normalised with "
+                                 f"its own statistics, which a pixel-permuted run cannot give it; distil from a "
+                                 f"teacher trained at the student's preprocessing")
+            teacher = teachers.TeacherInput(teacher, data.preprocess, own)
         teacher = freeze(teacher.to(trainer.info.device))
-        check_teacher(teacher, kd.teacher, num_classes, in_chans, img_size, trainer.info.device)
-        check_teacher_classes(kd.teacher, trainer.data.class_names)
+        teachers.check_teacher(teacher, kd.teacher, num_classes, in_chans, img_size, trainer.info.device)
+        teachers.check_teacher_classes(kd.teacher, kd.weights, data.class_names, kd.classes_match,
+                                       random=teachers.teacher_file(kd.teacher, kd.weights) is None)
         weights_file = kd.weights or (kd.teacher if Path(kd.teacher).is_file() else None)
         self.teacher_record = dict(spec=kd.teacher, weights=kd.weights,
-                                   weights_sha256=file_sha256(weights_file) if weights_file else None)
+                                   weights_sha256=file_sha256(weights_file) if weights_file else None,
+                                   preprocess=(own or data.preprocess).to_dict(),
+                                   preprocess_source=own.source if own is not None else "the student's")
+        if own is None and trainer.info.is_main:
+            print(f"teacher {kd.teacher} records no preprocessing: it is fed the student's {img_size} px images "
+                  "normalised with the student's statistics", flush=True)
         self.teacher_model = teacher
         return DistillationLoss(supervised_loss(self.cfg, num_classes), teacher, kd.type, kd.alpha, kd.tau, kd.cache)
 
     def setup(self, trainer: TrainerView) -> None:
-        """The teacher's own accuracy on the validation data, recorded beside the student's."""
-        _, top1 = super().evaluate(trainer, self.teacher_model)
+        """The teacher's own accuracy on the validation data, measured as `resmlp eval` measures it: with the
+        teacher's own evaluation transform where it has one, else the student's."""
+        own = self.teacher_preprocess
+        if own is None:
+            _, top1 = super().evaluate(trainer, self.teacher_model)
+        else:
+            val = copy.copy(trainer.data.val)
+            val.transform = own.eval_transform()
+            batched = own.batched_eval(*val.images.shape[1:3]) if isinstance(val, ArrayDataset) else None
+            top1 = self._classify(trainer, self.teacher_model.teacher, val, batched)["top1"]
         self.teacher_record["val_top1"] = top1
 
     def summary_extra(self) -> dict[str, Any]:
@@ -188,59 +210,6 @@ class FinetuneTask(SupervisedTask):
         if unexpected or not all(k.startswith("head.") for k in missing):
             raise RuntimeError(f"fine-tuning start does not fit its own config: {missing[:3]} {unexpected[:3]}")
         return freeze_layers(model, self.cfg.finetune.freeze)
-
-
-# ------------------------------------------------------------------------------------------ teachers
-def load_teacher(spec: str, num_classes: int, in_chans: int, weights: str | None = None,
-                 allow_random: bool = False) -> nn.Module:
-    """A teacher in the model grammar: a checkpoint file, or timm:NAME / torchvision:NAME with a weights file
-    (without one only when `allow_random`: a random teacher teaches nothing, so it must be asked for)."""
-    from resmlp.build import parse_model_name
-
-    name = parse_model_name(spec)
-    if name.kind == "preset":
-        raise ValueError(f"distill.teacher {spec!r} is an untrained preset; name a checkpoint file, or timm:NAME / "
-                         "torchvision:NAME with --teacher-weights")
-    if name.kind in ("timm", "torchvision") and weights is None and not allow_random:
-        raise ValueError(f"distill.teacher {spec} has no weights: pass --teacher-weights FILE (distill.weights), or "
-                         "--allow-random-teacher (distill.allow_random_teacher) to distil from random weights")
-    try:
-        return build_model(name, num_classes=num_classes, in_chans=in_chans if name.kind != "file" else None,
-                           weights=weights)
-    except ValueError as e:
-        raise ValueError(f"distill.teacher: {e}; a teacher must predict the dataset's {num_classes} classes") from None
-
-
-def check_teacher(teacher: nn.Module, spec: str, num_classes: int, in_chans: int, img_size: int,
-                  device: torch.device) -> None:
-    """One forward on a dummy batch: the teacher takes the data's images and predicts its classes."""
-    with torch.no_grad():
-        try:
-            out = teacher(torch.zeros(2, in_chans, img_size, img_size, device=device))
-        except (RuntimeError, ValueError) as e:
-            raise ValueError(f"distillation teacher {spec} cannot take {in_chans}x{img_size}x{img_size} images: "
-                             f"{e}") from None
-    if out.ndim != 2 or out.shape[1] != num_classes:
-        raise ValueError(f"distillation teacher {spec} predicts {out.shape[-1]} classes but the dataset has "
-                         f"{num_classes}; distil from a teacher trained on this dataset")
-
-
-def check_teacher_classes(spec: str, class_names: list[str]) -> None:
-    """A teacher checkpoint that records its classes must have the data's, in the data's order: its logit i
-    is taken as class i's."""
-    from resmlp.build import parse_model_name
-    from resmlp.checkpoint import read_metadata
-
-    if parse_model_name(spec).kind != "file":
-        return
-    theirs = read_metadata(spec).get("class_names")
-    if not isinstance(theirs, list) or [str(n) for n in theirs] == list(class_names):
-        return
-    how = "the same classes in another order" if sorted(map(str, theirs)) == sorted(class_names) else "other classes"
-    raise ValueError(f"distillation teacher {spec} was trained on {how} ({', '.join(map(str, theirs[:5]))}"
-                     f"{' ...' if len(theirs) > 5 else ''}) than the data's ({', '.join(class_names[:5])}"
-                     f"{' ...' if len(class_names) > 5 else ''}); its logit i must mean the data's class i: "
-                     "distil from a teacher trained on this dataset")
 
 
 def file_sha256(path: str | Path) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -25,9 +24,9 @@ from torch.utils.data import DataLoader
 
 from resmlp import reporting
 from resmlp.checkpoint import save
-from resmlp.data import ResumableSampler, SeededDataset, collate_skipping
 from resmlp.data.assemble import build_data
 from resmlp.data.batch_augment import array_batches
+from resmlp.data.loaders import epoch_sampler, train_loader
 from resmlp.data.prefetch import DevicePrefetcher
 from resmlp.models.fused_block import set_fused_training
 from resmlp.runtime import (
@@ -36,11 +35,13 @@ from resmlp.runtime import (
     autocast,
     barrier,
     compile_module,
+    data_workers,
     grad_scaler,
     is_accelerator,
     resolve_amp,
 )
 from resmlp.train.config import TrainConfig
+from resmlp.train.controls import at_step_limit, stop_at_step_limit
 from resmlp.train.outputs import checkpoint_metadata, run_summary, score_test_split, side_outputs
 from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
 from resmlp.train.step import (
@@ -48,6 +49,7 @@ from resmlp.train.step import (
     RunningTotals,
     UpdateGuard,
     all_finite,
+    lr_scheduler,
     optimizer_options,
     total_grad_norm,
 )
@@ -61,8 +63,9 @@ class NonFiniteLossError(RuntimeError):
 class Trainer:
     """One training run; `fit()` does it. Public attributes are what tasks may read (see resmlp.train.tasks)."""
 
-    def __init__(self, cfg: TrainConfig, out: Path, info: DistInfo, resume: bool | str | Path, task: Task) -> None:
-        self.cfg, self.out, self.info, self.task = cfg, out, info, task
+    def __init__(self, cfg: TrainConfig, out: Path, info: DistInfo, resume: bool | str | Path, task: Task,
+                 max_steps: int | None = None) -> None:  # max_steps: resmlp.train.controls
+        self.cfg, self.out, self.info, self.task, self.max_steps = cfg, out, info, task, max_steps
         t, device = cfg.train, info.device
         self.state_path = state_to_resume(out, resume)
         self.amp = resolve_amp(t.amp, device)
@@ -74,7 +77,7 @@ class Trainer:
         torch.manual_seed(t.seed)  # model initialisation
 
         in_chans, img_size = cfg.input_shape()
-        self.data = build_data(cfg.data, in_chans, img_size, t.seed, task.train_transform())
+        self.data = build_data(cfg.data, in_chans, img_size, t.seed, task.train_transform(), out)
         num_classes = len(self.data.class_names)
         if "num_classes" in cfg.model and cfg.model["num_classes"] != num_classes:
             raise ValueError(f"model.num_classes={cfg.model['num_classes']} but the dataset has {num_classes} "
@@ -83,7 +86,8 @@ class Trainer:
         set_fused_training(self.model, t.fused_step)
         if t.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.sampler = ResumableSampler(self.data.train, t.seed, info.world_size, info.rank, cfg.data.repeated_aug)
+        self.sampler = epoch_sampler(self.data.train, t.seed, info.world_size, info.rank, cfg.data.repeated_aug,
+                                     self.micro_batch, cfg.data.num_workers)
         self.steps_per_epoch = len(self.sampler) // (self.micro_batch * t.grad_accum)
         if self.steps_per_epoch == 0:
             raise ValueError(f"the training set ({len(self.data.train)} images) is smaller than one global "
@@ -123,11 +127,7 @@ class Trainer:
                                              filter_bias_and_bn=True, layer_decay=cfg.optim.layer_decay,
                                              **optimizer_options(opt_name, self.info.device),
                                              **({} if cfg.optim.eps is None else {"eps": cfg.optim.eps}))
-        s = cfg.schedule
-        self.scheduler, _ = create_scheduler_v2(
-            self.optimizer, sched=s.name, num_epochs=s.epochs, decay_epochs=s.decay_epochs, decay_rate=s.decay_rate,
-            min_lr=s.min_lr, warmup_lr=s.warmup_lr, warmup_epochs=s.warmup_epochs, step_on_epochs=False,
-            updates_per_epoch=self.steps_per_epoch)
+        self.scheduler = lr_scheduler(self.optimizer, cfg.schedule, self.steps_per_epoch)
         self.ema = ModelEmaV3(self.model, decay=t.ema_decay) if t.ema else None
         self.scaler = grad_scaler(self.amp, self.info.device)
 
@@ -137,11 +137,16 @@ class Trainer:
         if self.info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             reporting.write_json(self.out / "config.json", self.cfg.to_dict())
-            self.tb = reporting.TensorBoardLog(self.out / "tensorboard")
+            self.tb = reporting.RunLogs(self.out, self.cfg.to_dict())  # TensorBoard, W&B, MLflow
+            if self.history:  # a resume: the files a kill during the last epoch's side outputs left unwritten
+                side_outputs(self, self.history[-1], logs=False)
         try:
-            while self.epoch < self.cfg.schedule.epochs:
+            while self.epoch < self.cfg.schedule.epochs and not at_step_limit(self):
                 self._train_epoch()
-                self._end_epoch()
+                if self.step_in_epoch == self.steps_per_epoch:  # not stopped by --max-steps within the epoch
+                    self._end_epoch()
+            if self.epoch < self.cfg.schedule.epochs:
+                return stop_at_step_limit(self, self._save_state)
         finally:
             if self.info.is_main:
                 self.tb.close()
@@ -157,7 +162,7 @@ class Trainer:
         self.totals.reset()
         self.loss_before = self.epoch_totals[0].item()  # a resumed epoch's loss sum so far (host tensor)
         self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, 0.0
-        while self.step_in_epoch < self.steps_per_epoch:
+        while self.step_in_epoch < self.steps_per_epoch and not at_step_limit(self):
             seed_step(t.seed, self.global_step, self.info.rank)
             step_loss, images = self._forward_backward(micro_batches)
             images_seen += images
@@ -205,8 +210,7 @@ class Trainer:
         self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, loss_sum
 
     def _forward_backward(self, micro_batches: Iterator) -> tuple[torch.Tensor, int]:
-        """One optimizer step's forward and backward passes over grad_accum micro-batches: (loss sum on the
-        device, images)."""
+        """Forward and backward over grad_accum micro-batches: (loss sum on the device, images)."""
         t, info = self.cfg.train, self.info
         step_loss, images_seen = torch.zeros((), dtype=torch.float32, device=info.device), 0
         for micro in range(t.grad_accum):
@@ -231,23 +235,24 @@ class Trainer:
         if self.data.train_augment is not None:
             batches = array_batches(self.data.train, self.sampler, self.micro_batch, self.data.train_augment,
                                     device=device if is_accelerator(device) else None)
-        else:
+        else:  # a DataLoader; data.pipeline=device: its workers read, the batch is decoded where the model is
+            pipeline, workers = self.data.train_pipeline, data_workers(self.cfg.data.num_workers)  # usable cores
             if self._loader is None:
-                workers = self.cfg.data.num_workers
-                self._loader = DataLoader(SeededDataset(self.data.train), batch_size=self.micro_batch,
-                                          sampler=self.sampler, num_workers=workers, collate_fn=collate_skipping,
-                                          drop_last=True, pin_memory=is_accelerator(device),
-                                          persistent_workers=workers > 0)
-            batches = self._loader
+                self._loader = (pipeline.loader(self.sampler, self.micro_batch, workers, device) if pipeline else
+                                train_loader(self.data.train, self.sampler, self.micro_batch, workers,
+                                             is_accelerator(device)))
+            batches = pipeline.batches(self._loader) if pipeline else self._loader
         return DevicePrefetcher(batches, device, t.channels_last)
 
     def _progress_bar(self):
         if not (self.cfg.train.progress and self.info.is_main):
             return None
-        from tqdm.auto import tqdm
+        from resmlp.progress import LINE_SECONDS, progress_bar
 
-        return tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch, dynamic_ncols=True,
-                    desc=f"epoch {self.epoch + 1}/{self.cfg.schedule.epochs}")
+        # a plain line per read where stderr is no terminal: each log_every_steps, or every LINE_SECONDS (auto)
+        return progress_bar(total=self.steps_per_epoch, initial=self.step_in_epoch, unit="step",
+                            desc=f"epoch {self.epoch + 1}/{self.cfg.schedule.epochs}",
+                            min_interval_s=0 if self.cfg.train.log_every_steps else LINE_SECONDS)
 
     def _where(self, global_step: int) -> str:
         epoch, step = divmod(global_step, self.steps_per_epoch)
@@ -273,7 +278,8 @@ class Trainer:
         finite (fp16: the GradScaler skips steps with non-finite gradients itself)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = total_grad_norm(self.model, self.cfg.train.clip_grad) if self.scaler is None else None
+        t = self.cfg.train
+        grad_norm = total_grad_norm(self.model, t.clip_grad, t.clip_mode) if self.scaler is None else None
         ok = all_finite(step_loss, grad_norm)
         if self.info.enabled:  # one verdict for all ranks (no host read: a collective on the device)
             ok = all_reduce_sum((~ok).to(torch.int32).view(1), self.info)[0] == 0
@@ -322,15 +328,15 @@ class Trainer:
         self.epoch += 1
         self.step_in_epoch = 0
         self.epoch_totals = torch.zeros(3, dtype=torch.float64)
-        # the resumable state last: it vouches for every file of the epoch, so a kill between two writes resumes
-        # into a redone epoch that writes them all again, never into a run whose files hold other epochs
+        # the state right after the checkpoints it vouches for; the slow side outputs after it (a resume redraws them)
         if self.info.is_main:
             print(self.task.epoch_message(row, self.cfg.schedule.epochs), flush=True)
             save(eval_model, self.out / "last.safetensors", checkpoint_metadata(self, row))
             if improved:
                 save(eval_model, self.out / "best.safetensors", checkpoint_metadata(self, row))
-            side_outputs(self, row)
         self._save_state()
+        if self.info.is_main:
+            side_outputs(self, row, eval_model, score)
 
     def _save_state(self) -> None:
         if self.info.is_main:

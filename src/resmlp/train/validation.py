@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
 import types
 import typing
@@ -21,13 +20,12 @@ from typing import Any
 import torch
 
 from resmlp.build import build_model, check_constructor_keys, parse_model_name
-from resmlp.complexity import dino_memory_bytes, evaluation_memory_bytes, training_memory_bytes
-from resmlp.data import KINDS
 from resmlp.errors import ConfigError
 from resmlp.preprocess import INTERPOLATIONS
-from resmlp.runtime import DEVICE_NAME, training_device_memory_bytes
-from resmlp.train.sections import SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
-from resmlp.train.value_checks import check_auto_augment, check_keys_are_strings, check_teacher, input_shape
+from resmlp.runtime import DEVICE_NAME
+from resmlp.train import memory, value_checks
+from resmlp.train.sections import CLIP_MODES, SECTIONS, TASKS, TRAINING_FIELDS, TrainConfig
+from resmlp.train.value_checks import check_augmentation, check_keys_are_strings, check_teacher, input_shape
 
 # the range of each numeric key that a real run could use (inclusive): past these a typo would allocate until
 # memory runs out, or a zero would fail deep inside the run. The model's sizes are bounded by ResMLPConfig itself.
@@ -36,10 +34,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "data.val_seed": (0, 2**32 - 1), "data.permute_seed": (0, 2**32 - 1), "data.synthetic_classes": (1, 100_000),
     "data.num_workers": (0, 256), "data.mixup": (0, 100), "data.cutmix": (0, 100), "optim.weight_decay": (0, 100),
     "schedule.warmup_epochs": (0, 100_000), "schedule.decay_epochs": (0, 100_000),
-    "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
+    "train.checkpoint_hist": (0, 100_000),
     "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1), "optim.eps": (0, 1),
     "schedule.epochs": (1, 100_000), "schedule.warmup_lr": (0, 100), "schedule.min_lr": (0, 100),
-    "schedule.decay_rate": (0, 1),
+    "schedule.decay_rate": (0, 1), "data.repeated_aug": (0, 64), "data.permute_patch": (1, 4096),
     "train.batch_size": (1, 1 << 20), "train.grad_accum": (1, 65536), "train.threads": (1, 4096),
     "train.checkpoint_every_steps": (0, 1 << 40), "train.log_every_steps": (0, 1 << 40), "train.clip_grad": (0, 1e9),
     "distill.tau": (1e-3, 1e3), "finetune.img_size": (1, 4096),
@@ -52,11 +50,12 @@ RANGES: dict[str, tuple[float, float]] = {
 SIZE_LISTS = {"data.synthetic_size": (1, 10_000_000)}  # every item of these lists
 
 
-def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> TrainConfig:
+def validate(raw: dict[str, Any], sources: dict[str, str] | None = None, check_memory: bool = True) -> TrainConfig:
     """Check every section, key, type and value; raise one ConfigError listing all problems.
 
     `sources` names where a dotted key's value came from (a recipe file, the command line), for the messages;
-    keys without one are named as the recipe's.
+    keys without one are named as the recipe's. check_memory=False: no refusal for this machine's memory (a
+    dry run prints the estimate instead: its run may be meant for another machine).
     """
     check_keys_are_strings(raw)
     errors: list[str] = []
@@ -82,10 +81,11 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None) -> Trai
     model = {k: _coerce(v, float) if k in _MODEL_FLOATS and isinstance(v, str) and _coerce(v, float) is not _BAD
              else v for k, v in model.items()}  # YAML reads 1e-9 as a string
     cfg = TrainConfig(recipe=str(raw.get("recipe", "custom")), task=task, model=model, **sections)
-    errors += _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}")
-    if not errors:  # the memory estimate needs sizes that are each in range
-        errors += _check_memory(cfg)
-    errors += _check_values(cfg)  # on the well-typed keys, so one run reports every problem
+    errors += (range_errors := _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}"))
+    if not errors and check_memory:  # the memory estimate needs sizes that are each in range
+        errors += memory.check_memory(cfg)
+    from resmlp.train.value_checks import once_per_key  # here, not above: the module stays within 350 lines
+    errors += once_per_key(range_errors, _check_values(cfg))  # every problem in one run; a key out of range once
     model_sources = (sorted({v for k, v in (sources or {}).items() if k.startswith("model.")})
                      or [f"recipe {cfg.recipe}"])
     errors = [f"{e} (model section from {' and '.join(model_sources)})" if e.startswith("model") else e
@@ -117,27 +117,6 @@ def _check_ranges(cfg: TrainConfig, sources: dict[str, str], default_source: str
             errors.append(f"model.{key}={value!r} (from {sources.get(f'model.{key}', default_source)}): expected "
                           "a finite number")
     return errors
-
-
-def _check_memory(cfg: TrainConfig) -> list[str]:
-    """A preset model whose training would not fit in this machine's memory, refused before it is built."""
-    try:
-        config = cfg.model_config(cfg.data.synthetic_classes if cfg.data.kind == "synthetic" else None)
-    except (ValueError, TypeError):
-        return []  # _check_model reports it
-    micro_batch = max(1, cfg.train.batch_size // (cfg.train.grad_accum * int(os.environ.get("WORLD_SIZE", "1"))))
-    dn = cfg.dino
-    dino = 0 if cfg.task_name != "dino" else dino_memory_bytes(
-        config.dim, dn.out_dim, dn.hidden_dim, dn.bottleneck_dim, 2 + dn.num_local, config.img_size, micro_batch)
-    need = training_memory_bytes(config, micro_batch) + evaluation_memory_bytes(config.num_classes) + dino
-    have = training_device_memory_bytes(cfg.train.device)  # one process's share (WORLD_SIZE) on its device
-    if have is None or need <= have:
-        return []
-    return [f"model: training {cfg.model['name']} (dim {config.dim}, depth {config.depth}, {config.img_size} px, "
-            f"{config.num_classes} classes{', with DINO' if dino else ''}) at a batch of {micro_batch} needs at least "
-            f"{need / 2**30:.1f} GiB for weights, optimizer state, activations and the evaluation's confusion "
-            f"matrix, more than this device's {have / 2**30:.1f} GiB; lower train.batch_size (or raise "
-            "train.grad_accum), model.dim, model.depth, model.img_size, the classes or dino.out_dim"]
 
 
 _MODEL_FLOATS = ("mlp_ratio", "layerscale_init", "drop_rate", "drop_path_rate")
@@ -259,11 +238,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
             errors.append(msg)
 
     errors += _check_model(cfg)
-    need(d.kind in KINDS, f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}")
-    if d.dir is not None:
-        need(Path(d.dir).is_dir(), f"data.dir: {d.dir} does not exist or is not a folder")
-    elif d.kind in ("folder", "cifar10", "cifar100"):
-        errors.append(f"data.dir: the {d.kind} dataset needs a folder (--data-dir DIR)")
+    errors += value_checks.check_source(d)
     need((d.mean is None) == (d.std is None), "data.mean and data.std go together: set both or neither")
     need(0 < d.crop_pct <= 1, f"data.crop_pct must be in (0, 1], got {d.crop_pct}")
     need(len(d.scale) == 2 and 0 < d.scale[0] <= d.scale[1] <= 1, f"data.scale: [min, max] in (0, 1], got {d.scale}")
@@ -278,15 +253,13 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     if d.test_dir is not None:
         need(Path(d.test_dir).is_dir(), f"data.test_dir: {d.test_dir} does not exist or is not a folder")
     need(d.permute in ("none", "patch", "global"), f"data.permute: {d.permute!r} is not one of none, patch, global")
-    need(d.interpolation in INTERPOLATIONS, f"data.interpolation: {d.interpolation!r} is not one of "
-                                            f"{', '.join(INTERPOLATIONS)}")
+    need(d.interpolation in INTERPOLATIONS, f"data.interpolation: {d.interpolation!r} is not one of {INTERPOLATIONS}")
     need(len(d.synthetic_size) == 2, f"data.synthetic_size: [train, val] image counts, got {d.synthetic_size}")
     if d.std is not None and d.mean is not None:
         need(len(d.mean) == len(d.std) and len(d.mean) in (1, 3, input_shape(cfg)[0]),
              f"data.mean and data.std: as many values, 1, 3 or the model's channels, got {d.mean} and {d.std}")
         need(all(v > 0 for v in d.std), f"data.std: every value must be > 0 (images are divided by it), got {d.std}")
-    if d.auto_augment is not None:
-        errors += check_auto_augment(d.auto_augment)
+    errors += check_augmentation(d)
     need(o.name in ("lamb", "sgd", "adamw"), f"optim.name: {o.name!r} is not one of lamb, sgd, adamw")
     need(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
     need(o.reference_batch is None or o.reference_batch > 0, "optim.reference_batch must be > 0 or null")
@@ -302,6 +275,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
     need(t.grad_accum >= 1, f"train.grad_accum must be >= 1, got {t.grad_accum}")
     need(t.clip_grad is None or t.clip_grad > 0, "train.clip_grad must be > 0 or null")
+    need(t.clip_mode in CLIP_MODES, f"train.clip_mode: {t.clip_mode!r} is not one of {', '.join(CLIP_MODES)}")
     need(t.amp in ("auto", "bf16", "fp16", "fp32", "none"),
          f"train.amp: {t.amp!r} is not one of auto, bf16, fp16, fp32 (or none)")
     need(t.threads is None or t.threads >= 1, f"train.threads must be >= 1 or null, got {t.threads}")
@@ -311,6 +285,7 @@ def _check_values(cfg: TrainConfig) -> list[str]:
          f"train.compile: {t.compile!r} is not one of auto, true, false")
     need(o.layer_decay is None or 0 < o.layer_decay <= 1, f"optim.layer_decay must be in (0, 1], got {o.layer_decay}")
     need(DEVICE_NAME.fullmatch(t.device) is not None, f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
+    errors += value_checks.check_loggers(t)
     return errors + _check_paradigm_sections(cfg)
 
 

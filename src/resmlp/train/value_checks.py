@@ -6,9 +6,11 @@ mapping) naming the key.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from resmlp.build import parse_model_name
+from resmlp.data.sources import KINDS, NEEDS_ARGUMENT, parse_source
 from resmlp.errors import ConfigError
 from resmlp.train.sections import TrainConfig
 
@@ -20,6 +22,27 @@ def check_keys_are_strings(raw: dict[Any, Any]) -> None:
     if bad:
         raise ConfigError(f"invalid training config: key(s) {', '.join(bad[:5])} are not names; a recipe's keys are "
                           "words such as train or batch_size (quote a key that YAML reads as a number or null)")
+
+
+# the optional experiment loggers (resmlp.reporting): train.<key> -> (the package it needs, its name for users)
+LOGGER_PACKAGES = {"log_wandb": ("wandb", "Weights & Biases"), "log_mlflow": ("mlflow", "MLflow")}
+
+
+def check_loggers(train: Any) -> list[str]:
+    """An experiment logger switched on whose package is not installed: one line naming `pip install`."""
+    return [f"train.{key}: {what} logging needs the {package} package, which is not installed: pip install {package}"
+            for key, (package, what) in LOGGER_PACKAGES.items()
+            if getattr(train, key) and not _installed(package)]
+
+
+def _installed(package: str) -> bool:
+    """Imported already (a test's stub included), or importable; None in sys.modules blocks an import."""
+    import importlib.util
+    import sys
+
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
 
 
 def check_teacher(teacher: str) -> list[str]:
@@ -51,4 +74,67 @@ def check_auto_augment(policy: str) -> list[str]:
     except Exception as e:  # timm's parsers raise AssertionError, ValueError, KeyError... for malformed policies
         return [f"data.auto_augment: {policy!r} is not a timm policy string such as rand-m9-mstd0.5-inc1 "
                 f"({type(e).__name__}: {e})"]
+    return []
+
+
+def once_per_key(range_errors: list[str], value_errors: list[str]) -> list[str]:
+    """The value checks' errors on keys that the range check has not already named: one message per problem
+    ('optim.lr=-1.0 ... is outside the allowed range' and not also 'optim.lr must be > 0')."""
+    def key(error: str) -> str:  # 'optim.lr=-1.0 (from ...', 'optim.lr must be ...', 'data.ratio: ...'
+        return error.split()[0].split("=")[0].rstrip(":")
+
+    named = {key(e) for e in range_errors}
+    return [e for e in value_errors if key(e) not in named]
+
+
+def check_augmentation(d: Any) -> list[str]:
+    """data.auto_augment (timm's parse) and data.pipeline: device or timm, device only where it runs every
+    training op the data section asks for."""
+    if d.auto_augment is not None and (errors := check_auto_augment(d.auto_augment)):
+        return errors
+    hint = "; set data.pipeline=timm (timm's per-image transform)"
+    if d.pipeline not in ("device", "timm"):
+        return [f"data.pipeline: {d.pipeline!r} is not one of device, timm"]
+    if d.pipeline == "timm":
+        return []
+    if d.color_jitter > 0 and not d.auto_augment:  # timm turns colour jitter off under RandAugment
+        return [f"data.pipeline=device does not run data.color_jitter={d.color_jitter}{hint}"]
+    if d.auto_augment:
+        from resmlp.data.rand_augment import parse_rand_augment
+
+        try:
+            parse_rand_augment(d.auto_augment)
+        except ValueError as e:
+            return [f"data.auto_augment: {e}"]
+    return []
+
+
+def check_source(d: Any) -> list[str]:
+    """data.source in the grammar, or the older data.kind + data.dir, naming something that exists; the
+    sources' own keys (class_map, epoch_length)."""
+    errors = []
+    if d.class_map is not None and not Path(d.class_map).is_file():
+        errors.append(f"data.class_map: {d.class_map} does not exist or is not a file")
+    if d.epoch_length is not None and not 0 < d.epoch_length <= 10**10:
+        errors.append(f"data.epoch_length: training records per epoch, from 1 to 1e10, got {d.epoch_length}")
+    return errors + _source_errors(d)
+
+
+def _source_errors(d: Any) -> list[str]:
+    if d.source is not None:
+        if d.dir is not None:
+            return [f"data.source={d.source} and data.dir={d.dir}: name the data once, in data.source (--data)"]
+        try:
+            spec = parse_source(d.source)
+        except ConfigError as e:
+            return [f"data.source: {e}"]
+        local = spec.kind in ("folder", "hf", "cifar10", "cifar100", "fashion-mnist") and spec.arg is not None
+        return [f"data.source: {spec.arg} does not exist"] if local and not Path(spec.arg).exists() else []
+    if d.kind not in KINDS:
+        return [f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}"]
+    if d.dir is not None:
+        ok = d.kind == "wds" or (Path(d.dir).exists() if d.kind == "hf" else Path(d.dir).is_dir())
+        return [] if ok else [f"data.dir: {d.dir} does not exist or is not a folder"]
+    if d.kind in NEEDS_ARGUMENT:
+        return [f"data.dir: the {d.kind} dataset needs a folder (--data-dir DIR, or --data {d.kind}:DIR)"]
     return []

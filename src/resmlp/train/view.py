@@ -45,4 +45,5 @@ class TrainerView(Protocol):
     state_path: Path | None
     lr: float  # the learning rate after scaling by the batch
     compile_choice: Any  # resmlp.train.step.CompileChoice
-    tb: Any  # reporting.TensorBoardLog (rank 0)
+    tb: Any  # reporting.RunLogs: TensorBoard and the optional experiment loggers (rank 0)
+    max_steps: int | None  # the step limit of a smoke run (resmlp.train.controls)

@@ -1,0 +1,169 @@
+"""Start-up cost of an image folder at ImageNet's scale: ours (resmlp.data folder source) vs timm's
+(timm.data.create_dataset -> ImageDataset) vs DeiT's (torchvision ImageFolder), side by side in one run.
+
+Generates CLASSES x IMAGES tiny JPEGs (the issue's size: 1000 x 130 = 130k files, 1/10 of ImageNet-1k), then,
+each tool in a fresh process, in turn and repeated (the median is reported):
+- listing: seconds to build the training split's dataset, and the os.stat / os.lstat calls it made;
+- first batch: seconds from the listing's start to the first batch of a DataLoader with 2 workers (listing,
+  workers' start, the first 64 images read and transformed with the same eval transform; imports apart);
+- memory: the process's peak RSS, and the private memory each DataLoader worker gains by touching every
+  file name of the dataset once (the copy-on-access of Python objects after fork), from /proc smaps_rollup.
+The 1.28 M column scales listing time and worker memory linearly with the file count (the stat calls of all
+three tools are per class or fixed, not per file).
+
+    python benchmarks/data_startup.py --classes 1000 --images 130 --out benchmarks/results/data_startup.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TOOLS = ("ours", "timm", "torchvision")
+IMAGENET_FILES = 1_281_167
+
+CHILD = r"""
+import json, os, resource, sys, time
+tool, root, touch = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+stats = {"n": 0}
+for name in ("stat", "lstat"):
+    real = getattr(os, name)
+    def counted(*a, _real=real, **k):
+        stats["n"] += 1
+        return _real(*a, **k)
+    setattr(os, name, counted)
+start = time.perf_counter()
+if tool == "ours":
+    from resmlp.data.decoded import decoded
+    from resmlp.data.sources import open_source
+    make = lambda tf: decoded(open_source("folder:" + root).records("train"), 3, tf)
+    names = lambda ds: (ds.records.names[i] for i in range(len(ds)))
+elif tool == "timm":
+    from timm.data import create_dataset
+    make = lambda tf: create_dataset("", root=os.path.join(root, "train"), split="train", transform=tf)
+    names = lambda ds: (ds.reader.samples[i][0] for i in range(len(ds)))
+else:
+    from torchvision.datasets import ImageFolder
+    make = lambda tf: ImageFolder(os.path.join(root, "train"), transform=tf)
+    names = lambda ds: (ds.samples[i][0] for i in range(len(ds)))
+import_done = time.perf_counter()
+import torch
+from torchvision import transforms
+tf = transforms.Compose([transforms.Resize(32), transforms.CenterCrop(32), transforms.ToTensor()])
+listing_start = time.perf_counter()
+stats["n"] = 0
+dataset = make(tf)
+listing = time.perf_counter() - listing_start
+stat_calls = stats["n"]
+def private_kb():
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Dirty", "Private_Clean")))
+worker_mb = None
+if touch:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a forked worker touching every name once, as a DataLoader worker's sampler would over an epoch
+        before = private_kb()
+        count = sum(1 for _ in names(dataset))  # each name read once and dropped
+        os.write(w, json.dumps([before, private_kb(), count]).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    before, after, _ = json.loads(os.read(r, 1 << 16))
+    worker_mb = (after - before) / 1024
+def collate(batch):
+    return [b for b in batch if b is not None]
+loader = torch.utils.data.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=2, collate_fn=collate)
+first = next(iter(loader))
+first_batch = time.perf_counter() - listing_start
+print(json.dumps({"files": len(dataset), "listing_s": listing, "stat_calls": stat_calls, "first_batch_s": first_batch,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "worker_private_mb": worker_mb, "import_s": import_done - start, "batch": len(first)}))
+"""
+
+
+def make_folder(root: Path, classes: int, images: int) -> None:
+    """CLASSES x IMAGES copies of one tiny JPEG (the listing, not decoding, is measured), plus a val split."""
+    import numpy as np
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    sample = root / "sample.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(sample)
+    data = sample.read_bytes()
+    for split, count in (("train", images), ("val", 1)):
+        for c in range(classes):
+            folder = root / split / f"n{c:08d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                (folder / f"n{c:08d}_{i}.JPEG").write_bytes(data)
+
+
+def measure(tool: str, root: Path, touch: bool) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", CHILD, tool, str(root), "1" if touch else "0"], env=env,
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"{tool} failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def host() -> dict:
+    import torch
+
+    from resmlp.hostinfo import host_info
+
+    return {**host_info("fp32"), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def table(results: dict, files: int) -> str:
+    scale = IMAGENET_FILES / files
+    rows = ["| tool | listing (s) | os.stat calls | first batch (s) | peak RSS (MB) | worker private MB after touching "
+            "every name | at 1.28 M files: listing (s), stat calls, worker MB |", "|---|---|---|---|---|---|---|"]
+    for tool, r in results.items():
+        worker = r["worker_private_mb"]
+        rows.append(f"| {tool} | {r['listing_s']:.2f} | {r['stat_calls']:,} | {r['first_batch_s']:.2f} | "
+                    f"{r['peak_rss_mb']:.0f} | {worker:.1f} | {r['listing_s'] * scale:.1f}, {worker * scale:.0f} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--images", type=int, default=130, help="training images per class")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each tool, alternated (the median is reported)")
+    p.add_argument("--folder", help="generate (or reuse) the folder here (default: a temporary one)")
+    p.add_argument("--out", help="write the results as JSON here")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(args.folder or scratch)
+        if not (root / "train").is_dir():
+            started = time.perf_counter()
+            make_folder(root, args.classes, args.images)
+            print(f"generated {args.classes * args.images} files in {time.perf_counter() - started:.0f} s", flush=True)
+        runs = {tool: [] for tool in TOOLS}
+        for repeat in range(args.repeats):
+            for tool in TOOLS:
+                runs[tool].append(measure(tool, root, touch=repeat == 0))
+        results = {tool: {key: (statistics.median(r[key] for r in rs) if key.endswith("_s") else rs[0][key])
+                          for key in rs[0]} for tool, rs in runs.items()}
+    files = results["ours"]["files"]
+    report = {"classes": args.classes, "images_per_class": args.images, "files": files, "repeats": args.repeats,
+              "host": host(), "results": results,
+              "listing_ratio_vs_timm": results["ours"]["listing_s"] / results["timm"]["listing_s"],
+              "listing_ratio_vs_torchvision": results["ours"]["listing_s"] / results["torchvision"]["listing_s"]}
+    print(table(results, files))
+    print(f"listing: ours / timm {report['listing_ratio_vs_timm']:.2f}, ours / torchvision "
+          f"{report['listing_ratio_vs_torchvision']:.2f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

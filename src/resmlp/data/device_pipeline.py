@@ -1,0 +1,76 @@
+"""data.pipeline: device -- encoded batches decoded and augmented where the model runs (docs/training.md).
+
+`DevicePipeline` turns the workers' EncodedBatch (resmlp.data.decode) into the trainer's (images, targets,
+skipped): decode_batch on the device, then DeviceAugment (timm's training transform as a batch op), counting
+how each image was decoded for summary.json.
+
+Where it runs: on a GPU, in the training process (the GPU decodes and augments; the workers only read files).
+On a CPU host the "device" is the CPU the model also runs on: there the same code runs inside the DataLoader
+workers' collate, so decoding and augmentation overlap the model's step on other cores as timm's transform
+does; in the training process they would add to every step. benchmarks/device_pipeline_cpu.py measures both
+places (images/s per core, side by side); with no workers (data.num_workers 0) it runs in the training process.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from resmlp.data.decode import EncodedBatch, EncodedDataset, collate_encoded, decode_batch
+from resmlp.data.device_augment import DeviceAugment
+from resmlp.runtime import copy_to
+
+PIPELINES = ("device", "timm")
+
+
+class DevicePipeline:
+    """EncodedBatch -> (normalised augmented images, targets, skipped) on `device`; `counts` says how images
+    were decoded: on the device (decode_jpeg) or by PIL (the fallback)."""
+
+    def __init__(self, augment: DeviceAugment, dataset: EncodedDataset, in_chans: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.augment, self.dataset, self.in_chans, self.device = augment, dataset, in_chans, torch.device(device)
+        self.counts: Counter = Counter(decoded_on_device=0, pil_fallback=0)
+
+    def loader(self, sampler, batch_size: int, num_workers: int, device: torch.device) -> DataLoader:
+        """The DataLoader of the pipeline for a model on `device`: workers read (and, on a CPU host, decode and
+        augment: in_workers); the last partial batch dropped, as on the timm path."""
+        self.device = device
+        return DataLoader(self.dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                          collate_fn=self.collate if in_workers(device, num_workers) else collate_encoded,
+                          drop_last=True, pin_memory=device.type == "cuda", persistent_workers=num_workers > 0)
+
+    def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor, int, Counter]:
+        images, kept, fallbacks = decode_batch(batch, self.device, self.in_chans)
+        jpegs = sum(length >= 0 for length in batch.lengths)
+        lost = len(batch.lengths) - len(kept)
+        counts = Counter(decoded_on_device=jpegs - fallbacks - lost,
+                         pil_fallback=len(batch.lengths) - jpegs + fallbacks)
+        # the labels came pinned with the batch; a batch that lost an image sends a new (pinned) copy
+        labels = (batch.labels.to(self.device, non_blocking=True) if not lost
+                  else copy_to(batch.labels[kept], self.device))
+        x = self.augment(images, [batch.seeds[i] for i in kept])
+        return x, labels, batch.skipped + lost, counts
+
+    def collate(self, items: list) -> tuple[torch.Tensor, torch.Tensor, int, Counter]:
+        """The DataLoader collate of the in-worker placement (CPU hosts): read, decode and augment."""
+        return self(collate_encoded(items))
+
+    def batches(self, loader: Iterable) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+        """(images, targets, skipped) of a loader of EncodedBatch (or of in-worker results), counting."""
+        for item in loader:
+            x, targets, skipped, counts = self(item) if isinstance(item, EncodedBatch) else item
+            self.counts.update(counts)
+            yield x, targets, skipped
+
+    def summary(self) -> dict[str, int | str]:
+        return {"name": "device", **self.counts}
+
+
+def in_workers(device: torch.device, num_workers: int) -> bool:
+    """Whether decoding and augmentation run in the loader workers (a CPU model with workers; module doc)."""
+    return device.type == "cpu" and num_workers > 0
+

@@ -1,0 +1,153 @@
+"""Writing WebDataset shards from any source: `resmlp data shards SRC OUT --shard-size 1GB`.
+
+Each split's records (a val split carved from train on request, by resmlp.data.splits) go, in an order
+shuffled by `seed`, into OUT/<split>-NNNNNN.tar shards of about `shard_size` bytes (webdataset's TarWriter;
+members KEY.<jpg|png|webp> as stored, KEY.cls the class index), and OUT/index.json lists every shard with
+its record count and size plus the class names (resmlp.data.wds reads it). Images stored as JPEG, PNG or
+WebP are copied byte for byte; other formats and in-memory arrays are written as PNG (lossless).
+Unreadable records are skipped, counted and reported.
+
+Resumable: each finished shard is renamed into place and recorded in OUT/index.partial.json (with the
+position reached), so a killed run started again continues after its last whole shard; the order is the
+same because it is seeded.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from resmlp.data.decoded import to_image
+from resmlp.data.sources import MapRecords, Payload, Source, optional_module
+from resmlp.data.splits import decide_splits
+from resmlp.data.wds import INDEX, INDEX_FORMAT
+from resmlp.errors import ConfigError, DataError
+from resmlp.fileio import read_json_object, write_json
+
+PARTIAL = "index.partial.json"
+UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
+         "gib": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'1GB', '500MB', '64KiB' or a number of bytes, as a positive int."""
+    stripped = text.strip().lower().replace(" ", "")
+    digits = stripped.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = stripped[len(digits):]
+    try:
+        size = float(digits) * UNITS[unit]
+    except (ValueError, KeyError):
+        raise ConfigError(f"--shard-size {text!r}: expected a size such as 1GB, 500MB or 64KiB") from None
+    if not 1 <= size <= 1 << 44:
+        raise ConfigError(f"--shard-size {text!r}: expected from 1 byte to 16 TiB")
+    return int(size)
+
+
+def encoded(payload: Payload, what: str) -> tuple[str, bytes]:
+    """(member suffix, bytes) of a record's image: JPEG, PNG and WebP as stored, anything else as PNG."""
+    if isinstance(payload, bytes):
+        if payload[:3] == b"\xff\xd8\xff":
+            return "jpg", payload
+        if payload[:8] == b"\x89PNG\r\n\x1a\n":
+            return "png", payload
+        if payload[:4] == b"RIFF" and payload[8:12] == b"WEBP":
+            return "webp", payload
+    image = to_image(payload, _mode(payload), None, what)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return "png", out.getvalue()
+
+
+def _mode(payload: Payload) -> str:
+    if isinstance(payload, np.ndarray):
+        return "L" if payload.ndim == 2 else "RGB"
+    return "RGB"
+
+
+def write_shards(source: Source, out: str | Path, shard_size: int, seed: int = 0, shard_records: int | None = None,
+                 val_size: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Write every split of `source` as shards in `out` (see the module doc); returns the index. shard_records:
+    at most this many records a shard (equal counts balance the workers exactly, resmlp.data.streams).
+    val_size: a source without a val split gets one of that many records carved from train, as a training run
+    carves it (resmlp.data.splits; seeded by `seed`); 0: the source's splits as they are."""
+    wds = optional_module("webdataset")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = _resume_state(out, source, seed, val_size)
+    for split, records in _splits(source, val_size, seed).items():
+        if not isinstance(records, MapRecords):
+            raise ConfigError(f"{source.spec} streams its {split} split; shard a folder, an hf: dataset read "
+                              "whole, or Fashion-MNIST/CIFAR/synthetic")
+        order = np.random.default_rng([seed, ("train", "val", "test").index(split)]).permutation(len(records))
+        shards, position = state["splits"].setdefault(split, []), state["next"].get(split, 0)
+        while position < len(order):
+            name = f"{split}-{len(shards):06d}.tar"
+            count, position, size, skipped = _write_shard(wds, out / name, records, order, position, shard_size,
+                                                         shard_records or len(order))
+            if count:
+                shards.append({"name": name, "samples": count, "bytes": size})
+            else:
+                (out / name).unlink()
+            state["next"][split] = position
+            state["skipped"] = state.get("skipped", 0) + skipped
+            write_json(out / PARTIAL, state)
+            log(f"{split}: {position}/{len(order)} records, {len(shards)} shard(s)")
+    index = {"format": INDEX_FORMAT, "classes": state["classes"], "splits": state["splits"],
+             "source": state["source"], "seed": seed, "skipped_unreadable": state.get("skipped", 0)}
+    write_json(out / INDEX, index)
+    (out / PARTIAL).unlink()
+    return index
+
+
+def _splits(source: Source, val_size: int, seed: int) -> dict[str, Any]:
+    """{split: records} to write: the source's own, or with a val split carved from train."""
+    if not val_size or "val" in source.splits:
+        return {split: source.records(split) for split in source.splits}
+    decided = decide_splits(source, val_size, seed)
+    return {"train": decided.train, "val": decided.val, **({"test": decided.test} if decided.test is not None else {})}
+
+
+def _resume_state(out: Path, source: Source, seed: int, val_size: int) -> dict[str, Any]:
+    """The progress of an earlier, killed run of the same command, or a fresh start."""
+    classes = source.records(source.splits[0]).class_names
+    fresh = {"format": INDEX_FORMAT, "source": str(source.spec), "seed": seed, "val_size": val_size,
+             "classes": classes, "splits": {}, "next": {}}
+    if (out / INDEX).is_file():
+        raise ConfigError(f"{out} already holds finished shards ({INDEX}); write into an empty folder")
+    if not (out / PARTIAL).is_file():
+        return fresh
+    state = read_json_object(out / PARTIAL, "shard progress")
+    if [state.get(k) for k in ("source", "seed", "val_size", "classes")] != [str(source.spec), seed, val_size, classes]:
+        raise ConfigError(f"{out} holds shards of another source, seed or val size ({state.get('source')}, seed "
+                          f"{state.get('seed')}, val size {state.get('val_size')}); write into an empty folder")
+    return state
+
+
+def _write_shard(wds: Any, path: Path, records: MapRecords, order: np.ndarray, position: int,
+                 shard_size: int, max_records: int) -> tuple[int, int, int, int]:
+    """Records from `position` into one shard at `path` (written beside it, then renamed): (records written,
+    next position, bytes, records skipped as unreadable)."""
+    tmp = path.with_name(path.name + ".tmp")
+    count = skipped = written = 0
+    with open(tmp, "wb") as stream, wds.TarWriter(stream, encoder=False, mtime=0) as writer:
+        while position < len(order) and written < shard_size and count < max_records:
+            index = int(order[position])
+            position += 1
+            try:
+                payload, label = records[index]
+                suffix, data = encoded(payload, records.name(index))
+            except DataError as e:
+                warnings.warn(f"skipping unreadable image {records.name(index)}: {e}", stacklevel=2)
+                skipped += 1
+                continue
+            writer.write({"__key__": f"{index:09d}", suffix: data, "cls": str(label).encode()})
+            count += 1
+            written += len(data) + 1536  # the tar headers of the two members, padding included
+    os.replace(tmp, path)
+    return count, position, path.stat().st_size, skipped

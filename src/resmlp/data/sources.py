@@ -1,0 +1,249 @@
+"""Data sources: where images come from, as raw records, before any decoding or augmentation.
+
+One grammar names a source (`data.source` in a recipe, `--data` on the command line), as models are named:
+
+    folder:DIR        DIR/{train,val,test}/<class>/<image> (and ImageNet's own layouts, resmlp.data.imagenet)
+    wds:PATTERN       WebDataset tar shards (resmlp.data.wds); `{split}` in PATTERN names the split
+    hf:DIR            a Hugging Face dataset saved with `datasets` (save_to_disk) or parquet files (resmlp.data.hf)
+    fashion-mnist[:DIR], cifar10:DIR, cifar100:DIR, synthetic
+
+A `Source` hands out, per split, *records*: `(payload, label)` where the payload is the image exactly as
+stored -- the encoded file's `bytes` (JPEG, PNG, WebP...) or, for in-memory datasets, a uint8 numpy array
+(H, W) or (H, W, 3). Nothing is decoded here; consumers decode:
+- the per-image path (timm's transforms in DataLoader workers): resmlp.data.decoded, bytes via
+  resmlp.data.images.decode_image (bounded size, EXIF, high bit depths), then the transform;
+- the batched paths (in-memory arrays augmented on the device; whole batches of JPEG bytes decoded on the
+  device) take the same records.
+
+Record collections come in two forms, both with `class_names`:
+- `MapRecords` (map-style, a torch Dataset): `records[i] -> (payload, label)`, `len(records)`, `labels` (an
+  int64 array of every label, read without touching the images), `subset(indices)`, `name(i)` (the record's
+  file or key, for messages). Shard it with resmlp.data.samplers.ResumableSampler: its keys
+  `(seed, epoch, position, index)` pick `records[index]` and seed the augmentation (sample_seed(key)), so a
+  sample's augmentation is the same whatever the processes, workers or restarts.
+- `StreamRecords` (WebDataset shards, streamed Hugging Face datasets): `samples(plan)`, called inside a
+  DataLoader worker, yields that worker's `(key, payload, label)`; the `StreamPlan` names the epoch, seed,
+  rank, workers, batch and the samples of this rank already consumed (a resume). The key is
+  `(seed, epoch, global position, name)`: sample_seed(key) seeds the augmentation as for map records, and
+  `name` (shard and member) names the record in messages. Shards are split across DDP ranks and DataLoader
+  workers (each shard read by one worker of one rank per epoch; resmlp.data.streams states the contract);
+  `epoch_length(plan)` is the per-rank epoch length. A payload of type `Unreadable` is a record that could
+  not be read (its text says why): skip and count it.
+
+A record that can't be read (a missing or truncated file, a corrupt tar member) raises DataError when it is
+read; consumers skip and count it (resmlp.data.samplers.collate_skipping).
+
+Which split trains, validates and tests is decided in one place: resmlp.data.splits.decide_splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from resmlp.errors import ConfigError
+
+SPLITS = ("train", "val", "test")
+KINDS = ("folder", "wds", "hf", "fashion-mnist", "cifar10", "cifar100", "synthetic")
+# kinds whose argument is required (folder:DIR); the others take an optional one (fashion-mnist[:DIR])
+NEEDS_ARGUMENT = ("folder", "wds", "hf", "cifar10", "cifar100")
+Key = tuple[int, int, int, int]  # (seed, epoch, global position, index): resmlp.data.samplers
+Payload = bytes | np.ndarray
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A parsed source name: its kind and argument (a folder, pattern or None)."""
+
+    kind: str
+    arg: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.arg is None else f"{self.kind}:{self.arg}"
+
+
+def parse_source(text: str) -> SourceSpec:
+    """`KIND[:ARG]` as in the module doc; a bare existing folder is `folder:DIR` (what --data DIR meant)."""
+    kind, sep, arg = text.partition(":")
+    if kind in KINDS:
+        if kind in NEEDS_ARGUMENT and not arg:
+            raise ConfigError(f"data source {text!r}: {kind} needs its location, e.g. {kind}:{_EXAMPLES[kind]}")
+        return SourceSpec(kind, arg or None)
+    if Path(text).is_dir():
+        return SourceSpec("folder", text)
+    kinds = ", ".join(k + ":…" if k in NEEDS_ARGUMENT else k for k in KINDS)
+    raise ConfigError(f"data source {text!r} is not one of {kinds} (e.g. folder:/data/imagenet, "
+                      "wds:/data/shards/{split}-{000000..000146}.tar, hf:/data/imagenet-hf), nor an existing folder")
+
+
+_EXAMPLES = {"folder": "/data/imagenet", "wds": "/data/shards/{split}-{000000..000146}.tar",
+             "hf": "/data/imagenet-hf", "cifar10": "/data/cifar", "cifar100": "/data/cifar"}
+
+
+def spec_from_config(source: str | None, kind: str, folder: str | None) -> SourceSpec:
+    """The run's source: data.source when set, else the older data.kind + data.dir spelled in the grammar."""
+    if source:
+        return parse_source(source)
+    if kind not in KINDS:
+        raise ConfigError(f"data.kind: {kind!r} is not one of {', '.join(KINDS)}; name the data with "
+                          "data.source (--data), e.g. folder:/data/imagenet")
+    return parse_source(kind if folder is None else f"{kind}:{folder}")
+
+
+class MapRecords(Dataset):
+    """Map-style records; see the module doc. Subclasses implement `payload(i)` and `name(i)`."""
+
+    def __init__(self, labels: np.ndarray, class_names: Sequence[str]) -> None:
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.class_names = list(class_names)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Payload, int]:
+        return self.payload(index), int(self.labels[index])
+
+    def payload(self, index: int) -> Payload:
+        raise NotImplementedError
+
+    def name(self, index: int) -> str:
+        return f"record {index}"
+
+    def subset(self, indices: np.ndarray) -> MapRecords:
+        raise NotImplementedError
+
+
+class ArrayRecords(MapRecords):
+    """In-memory uint8 images (N, H, W) or (N, H, W, 3) with their labels."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, class_names: Sequence[str]) -> None:
+        super().__init__(labels, class_names)
+        if len(images) != len(self.labels):
+            raise ValueError(f"{len(images)} images but {len(self.labels)} labels")
+        self.images = images
+
+    def payload(self, index: int) -> np.ndarray:
+        return self.images[index]
+
+    def subset(self, indices: np.ndarray) -> ArrayRecords:
+        return ArrayRecords(self.images[indices], self.labels[indices], self.class_names)
+
+
+class Unreadable(str):
+    """The payload of a streamed record that can't be read (a corrupt tar member, a member without a label, a
+    label out of range, a shard that ended early): the string says why. Consumers skip and count it."""
+
+
+@dataclass
+class StreamPlan:
+    """What one pass over a stream is: the epoch and run seed, this rank's place, the DataLoader's workers and
+    batch, the samples of this rank already consumed (`skip`, a resume), and whether it trains (shuffled,
+    every worker the same number of whole batches) or evaluates (in order, every record exactly once)."""
+
+    seed: int = 0
+    epoch: int = 0
+    skip: int = 0
+    world_size: int = 1
+    rank: int = 0
+    num_workers: int = 0
+    batch_size: int = 1
+    train: bool = True
+    repeats: int = 1  # repeated augmentation (DeiT's RASampler): each record several times, 1/repeats of them
+
+
+class StreamRecords:
+    """Streamed records (resmlp.data.streams.ShardedRecords); see the module doc. Stateless: the pass is
+    described by a StreamPlan, so a training stream and an evaluation stream over the same records coexist."""
+
+    class_names: list[str]
+
+    def samples(self, plan: StreamPlan) -> Iterator[tuple[Key, Payload, int]]:
+        """This DataLoader worker's (key, payload, label) of the pass `plan`; call inside the worker."""
+        raise NotImplementedError
+
+    def epoch_length(self, plan: StreamPlan) -> int:
+        """Samples this rank trains on in one epoch of a training plan."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        """Records in the split (all ranks)."""
+        raise NotImplementedError
+
+
+Records = MapRecords | StreamRecords
+
+
+class Source:
+    """A dataset's splits as records. `splits` lists those it has (resmlp.data.splits decides the rest);
+    `stats` names its default normalisation (resmlp.data.dataset_stats)."""
+
+    def __init__(self, spec: SourceSpec, splits: dict[str, Any], stats: str = "imagenet") -> None:
+        self.spec, self._splits, self.stats = spec, splits, stats
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return tuple(s for s in SPLITS if s in self._splits)
+
+    def records(self, split: str) -> Records:
+        """The records of `split`, built on first use (a folder is listed only when its split is read)."""
+        if split not in self._splits:
+            raise ValueError(f"{self.spec} has no {split} split (it has {', '.join(self.splits)})")
+        made = self._splits[split]
+        if callable(made):
+            made = self._splits[split] = made()
+        return made
+
+
+def optional_module(name: str) -> Any:
+    """The module `name` of the `data` extra (webdataset, datasets), or one line naming how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ConfigError(f"this data source needs the {name} package: pip install 'resmlp[data]'") from None
+
+
+def open_source(spec: SourceSpec | str, **options: Any) -> Source:
+    """The source `spec` names. options: in_chans-independent knobs of some kinds (synthetic_size,
+    synthetic_classes, img_size, seed for synthetic; class_map for folders; index_cache for folders)."""
+    spec = parse_source(spec) if isinstance(spec, str) else spec
+    if spec.kind == "folder":
+        from resmlp.data.imagenet import folder_source
+
+        return folder_source(spec, class_map=options.get("class_map"), index_cache=options.get("index_cache"))
+    if spec.kind == "wds":
+        from resmlp.data.wds import wds_source
+
+        return wds_source(spec, length=options.get("length"), class_map=options.get("class_map"))
+    if spec.kind == "hf":
+        from resmlp.data.hf import hf_source
+
+        return hf_source(spec, streaming=bool(options.get("streaming")), class_map=options.get("class_map"))
+    return _array_source(spec, options)
+
+
+def _array_source(spec: SourceSpec, options: dict[str, Any]) -> Source:
+    """Fashion-MNIST, CIFAR and synthetic: arrays read (or made) when a split is first asked for."""
+    if spec.kind == "fashion-mnist":
+        from resmlp.data.fashion_mnist import fashion_mnist_records
+
+        return Source(spec, {s: (lambda s=s: fashion_mnist_records(s, spec.arg)) for s in ("train", "test")},
+                      "fashion-mnist")
+    if spec.kind in ("cifar10", "cifar100"):
+        from resmlp.data.cifar import cifar_records
+
+        return Source(spec, {s: (lambda s=s: cifar_records(spec.kind, s, spec.arg)) for s in ("train", "test")},
+                      spec.kind)
+    from resmlp.data.synthetic import synthetic_records
+
+    train_n, val_n = options.get("synthetic_size", (256, 64))
+    made = {s: (lambda s=s, n=n: synthetic_records(s, n, options.get("synthetic_classes", 4),
+                                                   options.get("img_size", 28), options.get("seed", 0)))
+            for s, n in (("train", train_n), ("val", val_n), ("test", val_n))}
+    return Source(spec, made, "synthetic")

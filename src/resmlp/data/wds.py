@@ -1,0 +1,164 @@
+"""WebDataset shards: the `wds:` source, read with the `webdataset` library.
+
+A sample is the tar members sharing a key: `KEY.jpg|jpeg|png|webp` (the image as stored) and `KEY.cls` (the
+class index as text) or `KEY.json` (`{"label": N}` or N). `wds:` names
+- a folder written by `resmlp data shards`: its index.json lists each split's shards with their record counts
+  and sizes, and the class names;
+- or a pattern, brace-expanded (`/data/train-{000000..000146}.tar`); `{split}` in it stands for train, val
+  and test (`/data/{split}-{000000..000146}.tar`), else the shards are the train split. An index.json beside
+  the shards gives the counts and class names; without one, data.class_map names the classes and
+  data.epoch_length the training records per epoch.
+Sharding, shuffling and resume: resmlp.data.streams. A member that can't be used (no image, no label, a label
+out of range) and a damaged shard's rest are skipped and counted; a shard whose size differs from the index
+(truncated) and a missing shard are refused before training, in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+from resmlp.data.sources import SPLITS, Payload, Source, SourceSpec, Unreadable, optional_module
+from resmlp.data.streams import ShardedRecords, checked_label
+from resmlp.errors import DataError
+from resmlp.fileio import read_json_object
+
+INDEX = "index.json"
+INDEX_FORMAT = "resmlp-webdataset-1"
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
+
+
+class ShardFiles(ShardedRecords):
+    """One split's tar shards (local files), their record counts when an index gives them."""
+
+    def __init__(self, paths: list[str], counts: list[int] | None, class_names: list[str], length: int | None,
+                 what: str) -> None:
+        super().__init__(len(paths), counts, class_names, length, what)
+        self.paths = paths
+
+    def read_shard(self, index: int) -> Iterator[tuple[str, Payload, int]]:
+        wds = optional_module("webdataset")
+        path = self.paths[index]
+        damaged = []
+
+        def note(exn: Exception) -> bool:  # webdataset's handler: record the damage, go on with the next shard
+            damaged.append(exn)
+            return True
+
+        try:
+            stream = open(path, "rb")  # noqa: SIM115 (closed below; the open's failure alone is caught) a local file: never webdataset's `pipe:` URLs, which run commands
+        except OSError as e:
+            warnings.warn(f"skipping shard {path}: {e.strerror or e}", stacklevel=2)
+            return
+        with stream:
+            files = wds.tariterators.tar_file_expander([{"url": path, "stream": stream}], handler=note)
+            for sample in wds.tariterators.group_by_keys(files, handler=note):
+                yield self._record(path, sample)
+        if damaged:
+            warnings.warn(f"shard {path} is damaged ({damaged[0]}); the rest of it was skipped", stacklevel=2)
+
+    def _record(self, path: str, sample: dict) -> tuple[str, Payload, int]:
+        name = f"{path}#{sample.get('__key__')}"
+        image = next((sample[s] for s in IMAGE_SUFFIXES if s in sample), None)
+        if image is None:
+            return name, Unreadable(f"no image member (.{', .'.join(IMAGE_SUFFIXES)})"), -1
+        label = _label(sample)
+        if isinstance(label, Unreadable):
+            return name, label, -1
+        checked = checked_label(label, len(self.class_names))
+        return (name, checked, -1) if isinstance(checked, Unreadable) else (name, image, checked)
+
+
+def _label(sample: dict) -> object:
+    if "cls" in sample:
+        text = sample["cls"].decode("utf-8", "replace").strip()
+        return int(text) if text.lstrip("-").isdigit() else Unreadable(f"its .cls {text[:40]!r} is not a number")
+    if "json" in sample:
+        try:
+            value = json.loads(sample["json"])
+        except ValueError:
+            return Unreadable("its .json member is not JSON")
+        return value.get("label") if isinstance(value, dict) else value
+    return Unreadable("no label member (.cls or .json)")
+
+
+def wds_source(spec: SourceSpec, length: int | None = None, class_map: str | None = None) -> Source:
+    """The splits of `spec.arg`: a folder with index.json, or a brace pattern (see the module doc)."""
+    optional_module("webdataset")
+    arg = spec.arg
+    if os.path.isdir(arg):
+        index_path = Path(arg) / INDEX
+        if not index_path.is_file():
+            raise FileNotFoundError(f"{arg} has no {INDEX}; name the shards with a pattern, e.g. "
+                                    f"wds:{arg}/train-{{000000..000009}}.tar, or write them with resmlp data shards")
+        return _indexed(spec, index_path, length)
+    return _pattern(spec, length, class_map)
+
+
+def read_index(path: Path) -> dict:
+    """index.json as `resmlp data shards` writes it, checked: {classes: [...], splits: {split: [shard...]}}."""
+    index = read_json_object(path, "shard index")
+    classes, splits = index.get("classes"), index.get("splits")
+    if index.get("format") != INDEX_FORMAT or not isinstance(classes, list) or not classes \
+            or not all(isinstance(c, str) for c in classes) or not isinstance(splits, dict):
+        raise DataError(f"{path} is not a shard index ({INDEX_FORMAT}: format, classes, splits); rewrite the shards "
+                        "with resmlp data shards")
+    for split, shards in splits.items():
+        if split not in SPLITS or not isinstance(shards, list) or not all(
+                isinstance(s, dict) and isinstance(s.get("name"), str) and "/" not in s["name"]
+                and isinstance(s.get("samples"), int) and isinstance(s.get("bytes"), int) for s in shards):
+            raise DataError(f"{path}: split {split!r} is not a list of shards {{name, samples, bytes}}")
+    return index
+
+
+def _indexed(spec: SourceSpec, index_path: Path, length: int | None) -> Source:
+    index = read_index(index_path)
+    made = {}
+    for split, shards in index["splits"].items():
+        paths = [str(index_path.parent / s["name"]) for s in shards]
+        for path, shard in zip(paths, shards, strict=True):
+            size = os.path.getsize(path) if os.path.isfile(path) else None
+            if size != shard["bytes"]:
+                state = "is missing" if size is None else f"is {size} bytes, not the {shard['bytes']} of {INDEX}"
+                raise DataError(f"shard {path} {state} (truncated or replaced); write the shards again: "
+                                "resmlp data shards resumes where it stopped")
+        made[split] = ShardFiles(paths, [s["samples"] for s in shards], index["classes"],
+                                 length if split == "train" else None, f"{spec} {split}")
+    return Source(spec, made)
+
+
+def _pattern(spec: SourceSpec, length: int | None, class_map: str | None) -> Source:
+    import braceexpand
+
+    from resmlp.data.imagenet import read_class_map
+
+    pattern = spec.arg
+    splits = SPLITS if "{split}" in pattern else ("train",)
+    found = {split: list(braceexpand.braceexpand(pattern.replace("{split}", split))) for split in splits}
+    found = {split: paths for split, paths in found.items() if any(os.path.isfile(p) for p in paths)}
+    if "train" not in found:
+        raise FileNotFoundError(f"no shard of {pattern} exists" + (" for the train split" if len(splits) > 1 else ""))
+    missing = [p for paths in found.values() for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise DataError(f"shard {missing[0]} of {pattern} is missing ({len(missing)} in all); fix the pattern or "
+                        "restore the shards")
+    beside = Path(found["train"][0]).parent / INDEX
+    counts: dict[str, int] = {}
+    if beside.is_file():
+        index = read_index(beside)
+        classes = index["classes"]
+        counts = {s["name"]: s["samples"] for shards in index["splits"].values() for s in shards}
+    elif class_map:
+        classes = read_class_map(class_map)
+    else:
+        raise DataError(f"{pattern}: no {INDEX} beside the shards names their classes; give them with "
+                        "--set data.class_map=FILE (one class per line, its index the line number)")
+    made = {}
+    for split, paths in found.items():
+        known = [counts.get(Path(p).name) for p in paths]
+        made[split] = ShardFiles(paths, known if None not in known else None, classes,
+                                 length if split == "train" else None, f"{spec} {split}")
+    return Source(spec, made)
