@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from resmlp.fileio import write_json
+
 TOOLS = ("ours", "timm", "torchvision")
 IMAGENET_FILES = 1_281_167
 
@@ -102,7 +104,8 @@ def make_folder(root: Path, classes: int, images: int) -> None:
             folder = root / split / f"n{c:08d}"
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(count):
-                (folder / f"n{c:08d}_{i}.JPEG").write_bytes(data)
+                with open(folder / f"n{c:08d}_{i}.JPEG", "xb") as f:  # a fresh file: never through a planted link
+                    f.write(data)
 
 
 def measure(tool: str, root: Path, touch: bool) -> dict:
@@ -162,7 +165,7 @@ def main() -> None:
     print(f"listing: ours / timm {report['listing_ratio_vs_timm']:.2f}, ours / torchvision "
           f"{report['listing_ratio_vs_torchvision']:.2f}")
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

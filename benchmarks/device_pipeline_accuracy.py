@@ -26,6 +26,7 @@ import numpy as np
 from PIL import Image
 
 from resmlp.cli import main as resmlp_main
+from resmlp.fileio import atomic_write
 
 
 def digits_folder(root: Path, size: int = 64, val_per_class: int = 60, train_per_class: int | None = None) -> Path:
@@ -103,7 +104,7 @@ def main() -> None:
     text, agree = table(results, args.seeds)
     text += f"\n\n{args.epochs} epochs per run, {time.perf_counter() - start:.0f} s in all."
     print(text)
-    (args.out / "accuracy.md").write_text(text + "\n")
+    atomic_write(args.out / "accuracy.md", lambda tmp: tmp.write_text(text + "\n"))
 
 
 if __name__ == "__main__":

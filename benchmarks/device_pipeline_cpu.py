@@ -33,6 +33,7 @@ from resmlp.data.device_augment import DeviceAugment
 from resmlp.data.device_pipeline import DevicePipeline
 from resmlp.data.images import decode_image
 from resmlp.data.sources import MapRecords
+from resmlp.fileio import write_json
 from resmlp.hostinfo import host_info
 from resmlp.preprocess import Preprocess
 
@@ -123,8 +124,7 @@ def main() -> None:
     result = measure(args.images, args.batch, args.rounds, args.img_size)
     print(json.dumps(result, indent=2))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":
