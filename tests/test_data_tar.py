@@ -15,7 +15,8 @@ import torch
 from PIL import Image
 
 from resmlp.cli import main
-from resmlp.data.sources import open_source
+from resmlp.data.decoded import load
+from resmlp.data.sources import SourceSpec, open_source, parse_source
 from resmlp.errors import DataError
 
 CLASSES = ("n01440764", "n01443537")
@@ -92,6 +93,7 @@ def test_the_tar_gives_the_extracted_folders_records(tmp_path, raw_val, arcname)
     folder = _folder(tmp_path / "imagenet", raw_val)
     tar = _tar(folder, tmp_path / "imagenet.tar", arcname)
     from_folder, from_tar = open_source(f"folder:{folder}"), open_source(f"folder:{tar}")
+    assert parse_source(str(tar)) == SourceSpec("folder", str(tar))  # --data FILE.tar, as --data DIR
     assert from_tar.splits == from_folder.splits == ("train", "val")
     for split in ("train", "val"):
         want, got = from_folder.records(split), from_tar.records(split)
@@ -140,6 +142,8 @@ def test_a_truncated_tar_is_one_line_at_listing_and_a_changed_one_skips_the_memb
     assert records[0][0] == open_source(f"folder:{tmp_path / 'd'}").records("train")[0][0]
     with pytest.raises(DataError, match=r"is truncated: 5 of \d+ bytes"):
         records.payload(len(records) - 1)
+    with pytest.warns(UserWarning, match="skipping unreadable image .*changed.tar:train/"):
+        assert load(records, len(records) - 1, "RGB", None, None) is None  # skipped, then counted by collate
 
 
 def test_hostile_members_are_refused_in_one_line(tmp_path):
@@ -152,6 +156,12 @@ def test_hostile_members_are_refused_in_one_line(tmp_path):
     link = _members(tmp_path / "link.tar", good, {f"train/{CLASSES[0]}/evil.JPEG": "/etc/passwd"})
     with pytest.raises(DataError, match=r"evil\.JPEG .*is a link, device or FIFO.*tar -h"):
         open_source(f"folder:{link}")
+    hard = tarfile.TarInfo(f"train/{CLASSES[1]}/twin.JPEG")
+    hard.type, hard.linkname = tarfile.LNKTYPE, f"train/{CLASSES[0]}/0.JPEG"
+    with tarfile.open(_members(tmp_path / "hard.tar", good), "a") as tar:
+        tar.addfile(hard)
+    with pytest.raises(DataError, match=r"twin\.JPEG .*is a link, device or FIFO.*--hard-dereference"):
+        open_source(f"folder:{tmp_path / 'hard.tar'}")
     with pytest.raises(DataError, match=r"has no train/ folder .*inside"):
         open_source(f"folder:{_members(tmp_path / 'none.tar', {'images/a.JPEG': image, 'readme.txt': b'x'})}")
     flat = _members(tmp_path / "flat.tar", {"train/a.JPEG": image, "train/b.JPEG": image})

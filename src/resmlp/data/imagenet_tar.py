@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import tarfile
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -148,7 +147,8 @@ def list_tar(tar: str) -> TarListing:
             file.seek(0)
             return _members(tar, file, os.fstat(file.fileno()).st_size)
     except tarfile.TarError as e:
-        raise DataError(f"{tar} is not a readable tar ({e}); is it truncated? Make it again (tar cf)") from None
+        raise DataError(f"{tar} is not a readable tar ({e}): folder: takes a folder or an uncompressed tar of one; "
+                        "a truncated tar reads so too (make it again: tar cf)") from None
     except OSError as e:
         raise DataError(f"cannot read {tar}: {e.strerror or e}") from None
 
@@ -166,9 +166,9 @@ def _members(tar: str, file: Any, size: int) -> TarListing:
                 raise DataError(f"{tar} is truncated: member {name} ends at byte {member.offset_data + member.size} "
                                 f"of a {size}-byte file; copy or make the tar again")
             listing.files[name] = (member.offset_data, member.size)  # a later member of one name wins, as extracted
-            listing.folders.update(str(p) for p in PurePosixPath(name).parents if str(p) != ".")
+            _add_folders(listing.folders, name.rpartition("/")[0])
         elif member.isdir():
-            listing.folders.update([name, *(str(p) for p in PurePosixPath(name).parents if str(p) != ".")])
+            _add_folders(listing.folders, name)
         elif is_image_name(name):
             links.append(name)
     file.seek(archive.offset)
@@ -177,16 +177,25 @@ def _members(tar: str, file: Any, size: int) -> TarListing:
                         f"(at byte {archive.offset}); copy or make the tar again")
     if links:
         raise DataError(f"{tar}: member {links[0]} (and {len(links) - 1} more) is a link, device or FIFO, not an "
-                        "image file; a tar is read as regular files only: make it with links dereferenced (tar -h)")
+                        "image file; a tar is read as regular files only: make it with links dereferenced "
+                        "(tar -h --hard-dereference)")
     return _strip_top_folder(listing)
 
 
 def _safe_name(tar: str, name: str) -> str:
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts:
+    """`name` without `.` and empty components (`./train/x` is `train/x`); refused if absolute or with `..`."""
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts:
         raise DataError(f"{tar}: member {name!r} names a path outside the archive (absolute or with '..'); "
                         "refused: a dataset tar holds relative names only")
-    return str(path)
+    return "/".join(part for part in parts if part not in ("", "."))
+
+
+def _add_folders(folders: set[str], folder: str) -> None:
+    """`folder` and its parents (string operations: this runs once per member)."""
+    while folder and folder not in folders:
+        folders.add(folder)
+        folder = folder.rpartition("/")[0]
 
 
 def _strip_top_folder(listing: TarListing) -> TarListing:

@@ -69,13 +69,14 @@ class SourceSpec:
 
 
 def parse_source(text: str) -> SourceSpec:
-    """`KIND[:ARG]` as in the module doc; a bare existing folder is `folder:DIR` (what --data DIR meant)."""
+    """`KIND[:ARG]` as in the module doc; a bare existing folder is `folder:DIR` (what --data DIR meant), a bare
+    existing `.tar` file `folder:FILE.tar`."""
     kind, sep, arg = text.partition(":")
     if kind in KINDS:
         if kind in NEEDS_ARGUMENT and not arg:
             raise ConfigError(f"data source {text!r}: {kind} needs its location, e.g. {kind}:{_EXAMPLES[kind]}")
         return SourceSpec(kind, arg or None)
-    if Path(text).is_dir():
+    if Path(text).is_dir() or (text.endswith(".tar") and Path(text).is_file()):
         return SourceSpec("folder", text)
     kinds = ", ".join(k + ":…" if k in NEEDS_ARGUMENT else k for k in KINDS)
     raise ConfigError(f"data source {text!r} is not one of {kinds} (e.g. folder:/data/imagenet, "
