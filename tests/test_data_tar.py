@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -113,7 +114,25 @@ def test_dataloader_workers_read_the_right_bytes_each_with_its_own_descriptor(tm
     loader = torch.utils.data.DataLoader(records, batch_size=None, num_workers=2, multiprocessing_context="fork")
     got = [(payload, label) for payload, label in loader]
     assert got == [want[i] for i in range(len(want))]
-    assert records._pid != -1 and records.__getstate__()["_fd"] is None  # spawn-pickled copies open their own
+    opened = torch.utils.data.DataLoader(_Opener(records), batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    owners = {tuple(pair) for pair in opened}
+    assert len(owners) == 2 and all(owner == worker != os.getpid() for owner, worker in owners)
+    assert records.__getstate__()["_fd"] is None  # a spawned worker's pickled copy opens its own
+
+
+class _Opener(torch.utils.data.Dataset):
+    """Which process opened the descriptor that read each record, and which process read it."""
+
+    def __init__(self, records) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        self.records.payload(index)
+        return self.records._pid, os.getpid()
 
 
 def test_train_and_eval_from_a_tar(tmp_path):
