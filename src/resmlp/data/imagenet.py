@@ -15,6 +15,7 @@ Listing is fast at ImageNet's 1.28 M files: one `os.scandir` per folder, no `os.
 (resmlp.data.walk.list_files); an unreadable file is found, skipped and counted when it is read. The file
 names live in one byte buffer plus offsets (`PackedNames`), numpy arrays that DataLoader workers share
 after fork without the reference-count writes that copy a Python list of strings into each worker.
+`folder:FILE.tar` reads a tar of such a folder in place (resmlp.data.imagenet_tar).
 Safety kept from before: an empty class folder and a flat folder without ground truth are refused; files
 that are not regular (FIFOs) are never opened (resmlp.data.images).
 """
@@ -25,7 +26,7 @@ import csv
 import hashlib
 import os
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -117,16 +118,24 @@ def folder_source(spec: SourceSpec, class_map: str | None = None, index_cache: s
 
 
 def split_folders(root: Path) -> dict[str, Path]:
-    """{split: folder} of the split folders in `root`, under any of their names; two names for one split (val/
+    """{split: folder} of the split folders in `root`, under any of their names (split_names)."""
+    with os.scandir(root) as entries:
+        present = [e.name for e in entries if e.is_dir()]
+    return {split: root / name for split, name in split_names(present, str(root)).items()}
+
+
+def split_names(present: Iterable[str], where: str) -> dict[str, str]:
+    """{split: name} of the split folder names among `present` (timm's synonyms); two names for one split (val/
     and validation/) are an error, not a guess."""
+    present = set(present)
     found = {}
     for split, synonyms in SPLIT_NAMES.items():
-        present = [root / name for name in synonyms if (root / name).is_dir()]
-        if len(present) > 1:
-            raise DataError(f"{root} has {' and '.join(p.name + '/' for p in present)}: both name the {split} split; "
+        named = [name for name in synonyms if name in present]
+        if len(named) > 1:
+            raise DataError(f"{where} has {' and '.join(n + '/' for n in named)}: both name the {split} split; "
                             "keep one (rename or move the other)")
-        if present:
-            found[split] = present[0]
+        if named:
+            found[split] = named[0]
     return found
 
 
@@ -160,6 +169,21 @@ def split_records(split_dir: Path, root: Path, split: str, classes: list[str], m
     present = class_folders(split_dir)
     if not present:
         return _ground_truth_records(split_dir, root, split, classes)
+    files_by_class = {}
+    for name in present:
+        inside: list[str] = []
+        files_by_class[name] = list_files(split_dir / name, is_image_name, folders=inside)
+        visited.extend(f"{name}/{rel}" if rel else name for rel in inside)
+    names, labels = label_class_files(str(split_dir), split, files_by_class, classes, mapped)
+    return FileRecords(split_dir, PackedNames.pack(names), labels, classes)
+
+
+def label_class_files(split_dir: str, split: str, files_by_class: dict[str, list[str]], classes: list[str],
+                      mapped: bool) -> tuple[list[str], np.ndarray]:
+    """The names (`<class>/<file>`) and labels of a split's class folders, `files_by_class` {class folder: its
+    image files, in torchvision's order}; every class folder must be in `classes` (and, without a class map,
+    be all of them), and none empty. Shared by folders and tars of them (resmlp.data.imagenet_tar)."""
+    present = sorted(files_by_class)
     index = {name: i for i, name in enumerate(classes)}
     unknown = [name for name in present if name not in index]
     if unknown:
@@ -170,19 +194,13 @@ def split_records(split_dir: Path, root: Path, split: str, classes: list[str], m
         missing = sorted(set(classes) - set(present))
         raise DataError(f"train and {split} classes differ: {split_dir} lacks {', '.join(missing[:5])}; both splits "
                         "need the same class folders (or give a class map, data.class_map)")
-    names, labels, empty = [], [], []
-    for name in present:
-        inside: list[str] = []
-        files = list_files(split_dir / name, is_image_name, folders=inside)
-        visited.extend(f"{name}/{rel}" if rel else name for rel in inside)
-        if not files:
-            empty.append(name)
-        names.extend(f"{name}/{f}" for f in files)
-        labels.extend([index[name]] * len(files))
+    empty = [name for name in present if not files_by_class[name]]
     if empty:
         raise ValueError(f"class folder(s) with no images in {split_dir}: {', '.join(empty[:10])}; remove them "
                          f"or add images (extensions {', '.join(IMG_EXTENSIONS)})")
-    return FileRecords(split_dir, PackedNames.pack(names), np.asarray(labels, dtype=np.int64), classes)
+    names = [f"{name}/{f}" for name in present for f in files_by_class[name]]
+    labels = np.asarray([index[name] for name in present for _ in files_by_class[name]], dtype=np.int64)
+    return names, labels
 
 
 def cached_records(split_dir: Path, root: Path, split: str, classes: list[str], mapped: bool,
@@ -229,13 +247,19 @@ def _ground_truth_records(split_dir: Path, root: Path, split: str, classes: list
         raise DataError(f"{split_dir} holds {len(files)} images but no class folders and no ground-truth file: add "
                         f"{root}/LOC_{split_dir.name}_solution.csv or {root}/{split_dir.name}.txt (`name label` per "
                         f"line), or sort the images into {split_dir}/<class>/")
-    truth = _read_ground_truth(truth_file, classes)
+    names, labels = label_flat_files(files, _read_ground_truth(truth_file, classes), str(truth_file), str(split_dir))
+    return FileRecords(split_dir, PackedNames.pack(names), labels, classes)
+
+
+def label_flat_files(files: list[str], truth: dict[str, int], truth_file: str, split_dir: str
+                     ) -> tuple[list[str], np.ndarray]:
+    """A flat validation folder's files and their labels from its ground truth ({image name or stem: label});
+    every image must have one."""
     unlabeled = [f for f in files if f.split("/")[-1] not in truth and Path(f).stem not in truth]
     if unlabeled:
         raise DataError(f"{truth_file} has no label for {len(unlabeled)} image(s) of {split_dir}, e.g. {unlabeled[0]}; "
                         "the ground truth must name every image")
-    labels = [truth.get(f.split("/")[-1], truth.get(Path(f).stem)) for f in files]
-    return FileRecords(split_dir, PackedNames.pack(files), np.asarray(labels, dtype=np.int64), classes)
+    return files, np.asarray([truth.get(f.split("/")[-1], truth.get(Path(f).stem)) for f in files], dtype=np.int64)
 
 
 def _find_ground_truth(split_dir: Path, root: Path, split: str) -> Path | None:
@@ -251,18 +275,24 @@ def _read_ground_truth(path: Path, classes: list[str]) -> dict[str, int]:
     """{image name or stem: class index} from a Kaggle solution CSV or a `name label` text file."""
     if path.stat().st_size > MAX_GROUND_TRUTH_BYTES:
         raise DataError(f"{path} is larger than {MAX_GROUND_TRUTH_BYTES} bytes; a ground-truth file is a few MB")
+    return parse_ground_truth(path.read_text(encoding="utf-8", errors="replace"), path.suffix == ".csv", str(path),
+                              classes)
+
+
+def parse_ground_truth(text: str, solution_csv: bool, what: str, classes: list[str]) -> dict[str, int]:
+    """{image name or stem: class index} from the text of a Kaggle solution CSV (`solution_csv`) or of a
+    `name label` file named `what`."""
     index = {name: i for i, name in enumerate(classes)}
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix == ".csv":
+    if solution_csv:
         rows = list(csv.reader(text.splitlines()))
         if not rows or [c.strip() for c in rows[0][:2]] != ["ImageId", "PredictionString"]:
-            raise DataError(f"{path} is not an ILSVRC solution file: expected the header ImageId,PredictionString")
+            raise DataError(f"{what} is not an ILSVRC solution file: expected the header ImageId,PredictionString")
         pairs = [(row[0].strip(), (row[1].split() or [""])[0]) for row in rows[1:] if len(row) >= 2]
     else:
         pairs = [tuple(line.split()[:2]) for line in text.splitlines() if line.strip()]
         bad = next((p for p in pairs if len(p) != 2), None)
         if bad is not None:
-            raise DataError(f"{path}: line {' '.join(bad)!r} is not `name label`")
+            raise DataError(f"{what}: line {' '.join(bad)!r} is not `name label`")
     truth = {}
     for name, label in pairs:
         if label in index:
@@ -270,6 +300,6 @@ def _read_ground_truth(path: Path, classes: list[str]) -> dict[str, int]:
         elif label.isdigit() and int(label) < len(classes):
             truth[name] = int(label)
         else:
-            raise DataError(f"{path}: label {label!r} of {name} is neither one of the {len(classes)} classes nor an "
+            raise DataError(f"{what}: label {label!r} of {name} is neither one of the {len(classes)} classes nor an "
                             f"index below {len(classes)}; the ground truth and the class list disagree")
     return truth

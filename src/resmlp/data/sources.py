@@ -3,6 +3,7 @@
 One grammar names a source (`data.source` in a recipe, `--data` on the command line), as models are named:
 
     folder:DIR        DIR/{train,val,test}/<class>/<image> (and ImageNet's own layouts, resmlp.data.imagenet)
+    folder:FILE.tar   an uncompressed tar of such a folder, read in place (resmlp.data.imagenet_tar)
     wds:PATTERN       WebDataset tar shards (resmlp.data.wds); `{split}` in PATTERN names the split
     hf:DIR            a Hugging Face dataset saved with `datasets` (save_to_disk) or parquet files (resmlp.data.hf)
     fashion-mnist[:DIR], cifar10:DIR, cifar100:DIR, synthetic
@@ -68,13 +69,14 @@ class SourceSpec:
 
 
 def parse_source(text: str) -> SourceSpec:
-    """`KIND[:ARG]` as in the module doc; a bare existing folder is `folder:DIR` (what --data DIR meant)."""
+    """`KIND[:ARG]` as in the module doc; a bare existing folder is `folder:DIR` (what --data DIR meant), a bare
+    existing `.tar` file `folder:FILE.tar`."""
     kind, sep, arg = text.partition(":")
     if kind in KINDS:
         if kind in NEEDS_ARGUMENT and not arg:
             raise ConfigError(f"data source {text!r}: {kind} needs its location, e.g. {kind}:{_EXAMPLES[kind]}")
         return SourceSpec(kind, arg or None)
-    if Path(text).is_dir():
+    if Path(text).is_dir() or (text.endswith(".tar") and Path(text).is_file()):
         return SourceSpec("folder", text)
     kinds = ", ".join(k + ":…" if k in NEEDS_ARGUMENT else k for k in KINDS)
     raise ConfigError(f"data source {text!r} is not one of {kinds} (e.g. folder:/data/imagenet, "
@@ -213,6 +215,10 @@ def open_source(spec: SourceSpec | str, **options: Any) -> Source:
     """The source `spec` names. options: in_chans-independent knobs of some kinds (synthetic_size,
     synthetic_classes, img_size, seed for synthetic; class_map for folders; index_cache for folders)."""
     spec = parse_source(spec) if isinstance(spec, str) else spec
+    if spec.kind == "folder" and Path(spec.arg).is_file():  # a tar of the folder
+        from resmlp.data.imagenet_tar import tar_source
+
+        return tar_source(spec, class_map=options.get("class_map"))
     if spec.kind == "folder":
         from resmlp.data.imagenet import folder_source
 
