@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from resmlp.data import ArrayDataset, PixelPermutation, dataset_stats, with_permutation
 from resmlp.data.batch_augment import BatchAugment
-from resmlp.data.decode import EncodedDataset
+from resmlp.data.decode import EncodedDataset, EncodedStream
 from resmlp.data.decoded import decoded
 from resmlp.data.device_augment import DeviceAugment, PerImageOnDevice
 from resmlp.data.device_pipeline import DevicePipeline
@@ -112,11 +112,10 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
                                         d.auto_augment, d.reprob, d.interpolation, after=permutation))
         if isinstance(train, ArrayDataset):
             augment = device_augment  # array_batches hands it device-resident uint8 batches
-        elif isinstance(splits.train, MapRecords):
-            pipeline = DevicePipeline(device_augment, EncodedDataset(splits.train, in_chans), in_chans)
-        else:
-            raise ValueError("data.pipeline=device reads map-style sources (folders, in-memory, Hugging Face "
-                             "datasets on disk), not streamed ones; set data.pipeline=timm")
+        else:  # map records by sampler key; a stream in the order and with the keys of its DecodedStream
+            encoded = (EncodedDataset(splits.train, in_chans) if isinstance(splits.train, MapRecords) else
+                       EncodedStream(train, in_chans))
+            pipeline = DevicePipeline(device_augment, encoded, in_chans)
     # evaluation is batched wherever it is exact, whatever the training augmentation (DINO's multi-crop too)
     if d.batch_augment and isinstance(val, ArrayDataset):
         val_batched = pre.batched_eval(*val.images.shape[1:3], after=permutation)

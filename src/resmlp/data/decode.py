@@ -28,6 +28,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from resmlp.data.images import check_image_size, decode_image, max_image_pixels
 from resmlp.data.samplers import sample_seed
+from resmlp.data.sources import Unreadable
 from resmlp.errors import DataError
 from resmlp.runtime import copy_to
 
@@ -60,9 +61,20 @@ def pixels(payload: Any, in_chans: int, max_pixels: int | None, what: str) -> np
     return np.asarray(decode_image(payload, mode_chans, max_pixels, what=what))
 
 
+def encoded_item(payload: Any, label: int, key: tuple, what: str, in_chans: int, max_pixels: int | None):
+    """One record as a worker hands it over: (payload, on_device, label, seed), payload the JPEG's bytes
+    (on_device True) or the decoded fallback pixels; None when unreadable (warned)."""
+    try:
+        if isinstance(payload, (bytes, bytearray)) and device_decodable(payload, what, max_pixels)[0]:
+            return bytes(payload), True, int(label), sample_seed(key)
+        return pixels(payload, in_chans, max_pixels, what), False, int(label), sample_seed(key)
+    except DataError as e:
+        warnings.warn(f"skipping unreadable image {what}: {e}", stacklevel=2)
+        return None
+
+
 class EncodedDataset(torch.utils.data.Dataset):
-    """Map records (resmlp.data.sources) read by sampler key: (payload, on_device, label, seed) where payload is
-    the JPEG's bytes (on_device True) or the decoded fallback pixels; None when unreadable (warned)."""
+    """Map records (resmlp.data.sources) read by sampler key: `encoded_item`s."""
 
     def __init__(self, records: Any, in_chans: int, max_pixels: int | None = None) -> None:
         self.records, self.in_chans, self.max_pixels = records, in_chans, max_pixels
@@ -75,12 +87,27 @@ class EncodedDataset(torch.utils.data.Dataset):
         what = self.records.name(index)
         try:
             payload, label = self.records[index]
-            if isinstance(payload, (bytes, bytearray)) and device_decodable(payload, what, self.max_pixels)[0]:
-                return bytes(payload), True, int(label), sample_seed(key)
-            return pixels(payload, self.in_chans, self.max_pixels, what), False, int(label), sample_seed(key)
         except DataError as e:
             warnings.warn(f"skipping unreadable image {what}: {e}", stacklevel=2)
             return None
+        return encoded_item(payload, label, key, what, self.in_chans, self.max_pixels)
+
+
+class EncodedStream(torch.utils.data.IterableDataset):
+    """A stream's records (WebDataset shards, streamed Hugging Face datasets) as `encoded_item`s, in the order
+    and with the keys of `stream` (a resmlp.data.decoded.DecodedStream: the trainer's StreamPosition sets its
+    plan each epoch, read here when the workers start)."""
+
+    def __init__(self, stream: Any, in_chans: int, max_pixels: int | None = None) -> None:
+        self.stream, self.in_chans, self.max_pixels = stream, in_chans, max_pixels
+
+    def __iter__(self):
+        for key, payload, label in self.stream.records.samples(self.stream.plan):
+            if isinstance(payload, Unreadable):
+                warnings.warn(f"skipping unreadable image {key[3]}: {payload}", stacklevel=2)
+                yield None
+                continue
+            yield encoded_item(payload, label, key, str(key[3]), self.in_chans, self.max_pixels)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from resmlp.data.decode import EncodedBatch, EncodedDataset, collate_encoded, decode_batch
+from resmlp.data.decode import EncodedBatch, EncodedDataset, EncodedStream, collate_encoded, decode_batch
 from resmlp.data.device_augment import DeviceAugment
 from resmlp.runtime import copy_to
 
@@ -30,7 +30,7 @@ class DevicePipeline:
     """EncodedBatch -> (normalised augmented images, targets, skipped) on `device`; `counts` says how images
     were decoded: on the device (decode_jpeg) or by PIL (the fallback)."""
 
-    def __init__(self, augment: DeviceAugment, dataset: EncodedDataset, in_chans: int,
+    def __init__(self, augment: DeviceAugment, dataset: EncodedDataset | EncodedStream, in_chans: int,
                  device: torch.device | str = "cpu") -> None:
         self.augment, self.dataset, self.in_chans, self.device = augment, dataset, in_chans, torch.device(device)
         self.counts: Counter = Counter(decoded_on_device=0, pil_fallback=0)
@@ -39,9 +39,13 @@ class DevicePipeline:
         """The DataLoader of the pipeline for a model on `device`: workers read (and, on a CPU host, decode and
         augment: in_workers); the last partial batch dropped, as on the timm path."""
         self.device = device
+        collate = self.collate if in_workers(device, num_workers) else collate_encoded
+        if isinstance(self.dataset, EncodedStream):  # it orders itself; fresh workers read each epoch's plan
+            return DataLoader(self.dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate,
+                              drop_last=True, pin_memory=device.type == "cuda")
         return DataLoader(self.dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                          collate_fn=self.collate if in_workers(device, num_workers) else collate_encoded,
-                          drop_last=True, pin_memory=device.type == "cuda", persistent_workers=num_workers > 0)
+                          collate_fn=collate, drop_last=True, pin_memory=device.type == "cuda",
+                          persistent_workers=num_workers > 0)
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor, int, Counter]:
         images, kept, fallbacks = decode_batch(batch, self.device, self.in_chans)
