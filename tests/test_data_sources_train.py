@@ -74,6 +74,11 @@ def test_the_deit_recipe_trains_on_two_gloo_processes(sources, tmp_path, name):
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     assert summary["world_size"] == 2
+    # the recipe's device pipeline, streams included: the workers only read; JPEGs (the folder's, the shards')
+    # are decoded by decode_jpeg, the PNGs `datasets` stores images as by PIL in the workers
+    pipeline = summary["data_pipeline"]
+    assert pipeline["name"] == "device" and pipeline["decoded_on_device"] + pipeline["pil_fallback"] > 0
+    assert (pipeline["decoded_on_device"] > 0) == (name != "hf streamed")
     rows = list(csv.DictReader((tmp_path / "ddp" / "metrics.csv").read_text().splitlines()))
     assert len(rows) == 2 and all(r["skipped_train_images"] == r["skipped_val_images"] == "0" for r in rows)
 
