@@ -142,9 +142,9 @@ def test_a_torchvision_checkpoint_is_named_as_one_and_refused_in_one_line_where_
     path = tmp_path / "tv.safetensors"
     resmlp.save(build_model("torchvision:resnet18", num_classes=3, in_chans=1), path,
                 metadata={"preprocess": {"img_size": 32, "in_chans": 1, "mean": [0.5], "std": [0.25]}})
-    for argv, words in ((["export", str(path), "--output", str(tmp_path / "m.onnx")], "(a torchvision model)"),
-                        (["analyze", str(path), "--output", str(tmp_path / "an")], "(a torchvision model)"),
-                        (["eval-knn", str(path), "--data", "synthetic"], "evaluate it with resmlp eval")):
-        assert main(argv) == 2  # before: "(a timm model)"; eval-knn: an AttributeError traceback
-        err = capsys.readouterr().err
-        assert words in err and "Traceback" not in err
+    # export and analyze take any model train trains (tests/test_export.py, test_analysis.py), named as what it is
+    assert main(["export", str(path), "--output", str(tmp_path / "m.onnx")]) == 0
+    assert "the torchvision model as trained" in capsys.readouterr().out and (tmp_path / "m.onnx").is_file()
+    assert main(["eval-knn", str(path), "--data", "synthetic"]) == 2  # before: an AttributeError traceback
+    err = capsys.readouterr().err
+    assert "evaluate it with resmlp eval" in err and "Traceback" not in err

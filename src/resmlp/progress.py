@@ -96,5 +96,6 @@ class LineProgress:
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         elapsed = self.last_line - self.start
         extra = "".join(f", {k} {v}" for k, v in self.postfix.items() if v != "")
-        print(f"{self.desc + ': ' if self.desc else ''}{done} {self.unit}{share}{extra}, {elapsed:.0f}s",
+        rate = f", {self.n / elapsed:.3g} {self.unit}/s" if self.n and elapsed > 0 else ""  # as tqdm's bar shows
+        print(f"{self.desc + ': ' if self.desc else ''}{done} {self.unit}{share}{extra}, {elapsed:.0f}s{rate}",
               file=self.file, flush=True)
