@@ -84,8 +84,7 @@ def validate(raw: dict[str, Any], sources: dict[str, str] | None = None, check_m
     errors += (range_errors := _check_ranges(cfg, sources or {}, f"recipe {cfg.recipe}"))
     if not errors and check_memory:  # the memory estimate needs sizes that are each in range
         errors += memory.check_memory(cfg)
-    from resmlp.train.value_checks import once_per_key  # here, not above: the module stays within 350 lines
-    errors += once_per_key(range_errors, _check_values(cfg))  # every problem in one run; a key out of range once
+    errors += value_checks.once_per_key(range_errors, _check_values(cfg))  # every problem once; a key out of range once
     model_sources = (sorted({v for k, v in (sources or {}).items() if k.startswith("model.")})
                      or [f"recipe {cfg.recipe}"])
     errors = [f"{e} (model section from {' and '.join(model_sources)})" if e.startswith("model") else e
