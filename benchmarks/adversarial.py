@@ -809,7 +809,7 @@ def _(d: Path):
 def _(d: Path):
     import importlib
 
-    fm = importlib.import_module("resmlp.data.fashion_mnist")
+    fm = importlib.import_module("resmlp.data.sources.fashion_mnist")
     (d / "x-idx1-ubyte").write_bytes(bytes([0, 0, 8, 1]) + struct.pack(">I", 4096) + bytes(4096))
     fm.MAX_IDX_BYTES, bound = 1024, fm.MAX_IDX_BYTES
     try:

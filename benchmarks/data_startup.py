@@ -43,7 +43,7 @@ for name in ("stat", "lstat"):
     setattr(os, name, counted)
 start = time.perf_counter()
 if tool == "ours":
-    from resmlp.data.decoded import decoded
+    from resmlp.data.per_image.decoded import decoded
     from resmlp.data.sources import open_source
     make = lambda tf: decoded(open_source("folder:" + root).records("train"), 3, tf)
     names = lambda ds: (ds.records.names[i] for i in range(len(ds)))

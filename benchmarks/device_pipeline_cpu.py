@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from resmlp.data.decode import EncodedDataset, collate_encoded
-from resmlp.data.device_augment import DeviceAugment
-from resmlp.data.device_pipeline import DevicePipeline
+from resmlp.data.device.augment import DeviceAugment
+from resmlp.data.device.decode import EncodedDataset, collate_encoded
+from resmlp.data.device.pipeline import DevicePipeline
 from resmlp.data.images import decode_image
-from resmlp.data.sources import MapRecords
+from resmlp.data.records import MapRecords
 from resmlp.fileio import write_json
 from resmlp.hostinfo import host_info
 from resmlp.preprocess import Preprocess

@@ -25,7 +25,7 @@ def module_imports(name: str, every: bool = False) -> set[str]:
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree) if every else tree.body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("resmlp"):
-            # `from resmlp.data import cifar` imports the submodule resmlp.data.cifar
+            # `from resmlp.data import cifar` imports the submodule resmlp.data.sources.cifar
             found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
                          for a in node.names)
         elif isinstance(node, ast.Import):
@@ -52,6 +52,20 @@ def assert_no_cycle(graph: dict[str, set[str]]) -> None:
 
 def test_module_level_imports_have_no_cycle():
     assert_no_cycle({m: module_imports(m) for m in MODULES})
+
+
+def test_package_has_no_cycle_even_through_lazy_or_type_only_imports():
+    """A cycle hidden in a function-level import is still a cycle for a reader (and an import-order trap)."""
+    assert_no_cycle({m: module_imports(m, every=True) for m in MODULES})
+
+
+def test_data_folder_is_laid_out_by_stage():
+    """records below sources; sources, per-image decoding, device batches, loading: one subfolder each."""
+    data = PACKAGE / "data"
+    assert {p.name for p in data.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "sources", "per_image", "device", "loading"}
+    sources = [m for m in MODULES if m.startswith("resmlp.data.sources.")]
+    assert sources and all("resmlp.data.sources" not in module_imports(m, every=True) for m in sources)
 
 
 def test_training_package_has_no_cycle_even_through_lazy_or_type_only_imports():

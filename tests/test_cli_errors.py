@@ -88,7 +88,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(fmt):
 
 
 def test_runtime_errors_raised_by_the_package_are_messages_but_torch_errors_inside_it_are_bugs():
-    from resmlp.data.samplers import collate_skipping
+    from resmlp.data.loading.samplers import collate_skipping
     from resmlp.errors import DataError
 
     with pytest.raises(DataError) as info:  # was a RuntimeError; a worker re-raises it with its traceback as text

@@ -31,7 +31,7 @@ from test_train_resume import OVERRIDES as RESUME_OVERRIDES
 
 import resmlp
 from resmlp.cli import main
-from resmlp.data.synthetic import synthetic
+from resmlp.data.sources.synthetic import synthetic
 from resmlp.inference import load_for_inference, optimize
 from resmlp.models.resmlp import ResMLPConfig
 from resmlp.runtime import autocast, grad_scaler

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from resmlp.data import ArrayDataset, ResumableSampler
-from resmlp.data.batch_augment import BatchAugment, array_batches
-from resmlp.data.prefetch import DevicePrefetcher
+from resmlp.data.device.batch_augment import BatchAugment, array_batches
+from resmlp.data.loading.prefetch import DevicePrefetcher
 from resmlp.train import train
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -22,7 +22,7 @@ from resmlp.data import (
     read_idx,
     synthetic,
 )
-from resmlp.data.fashion_mnist import fashion_mnist
+from resmlp.data.sources.fashion_mnist import fashion_mnist
 from resmlp.preprocess import Preprocess
 
 

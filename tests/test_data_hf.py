@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from resmlp.data.sources import StreamPlan, open_source
+from resmlp.data.records import StreamPlan
+from resmlp.data.sources import open_source
 from resmlp.errors import ConfigError, DataError
 
 

@@ -12,10 +12,11 @@ import pytest
 from PIL import Image
 
 from resmlp.data import build_dataset, collate_skipping, heldout_split
-from resmlp.data.imagenet import PackedNames
-from resmlp.data.sources import SourceSpec, open_source, parse_source, spec_from_config
+from resmlp.data.records import SourceSpec
+from resmlp.data.sources import open_source, parse_source, spec_from_config
+from resmlp.data.sources.imagenet import PackedNames
+from resmlp.data.sources.walk import list_files
 from resmlp.data.splits import decide_splits
-from resmlp.data.walk import list_files
 from resmlp.errors import ConfigError, DataError
 
 
@@ -142,7 +143,7 @@ def test_packed_names_round_trip_any_file_name():
 
 
 def test_the_index_cache_beside_the_run_skips_the_listing_until_a_folder_changes(tmp_path, monkeypatch):
-    import resmlp.data.imagenet as imagenet
+    import resmlp.data.sources.imagenet as imagenet
 
     root = _folder(tmp_path / "d", {"train": 3})
     first = open_source(f"folder:{root}", index_cache=tmp_path / "run").records("train")

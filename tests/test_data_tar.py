@@ -1,6 +1,6 @@
-"""`folder:FILE.tar`: a tar of an ImageNet-layout folder read in place (resmlp.data.imagenet_tar): the same records,
-labels and classes as the extracted folder, read by offset in DataLoader workers, trained on and evaluated; and
-hostile tars (truncated, `..` names, link members, no class folders, compressed) refused in one line."""
+"""`folder:FILE.tar`: a tar of an ImageNet-layout folder read in place (resmlp.data.sources.imagenet_tar): the
+same records, labels and classes as the extracted folder, read by offset in DataLoader workers, trained on and
+evaluated; and hostile tars (truncated, `..` names, link members, no class folders, compressed) refused in one line."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import torch
 from PIL import Image
 
 from resmlp.cli import main
-from resmlp.data.decoded import load
-from resmlp.data.sources import SourceSpec, open_source, parse_source
+from resmlp.data.per_image.decoded import load
+from resmlp.data.records import SourceSpec
+from resmlp.data.sources import open_source, parse_source
 from resmlp.errors import DataError
 
 CLASSES = ("n01440764", "n01443537")

@@ -16,9 +16,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from resmlp.data import build_dataset, collate_skipping
-from resmlp.data.decoded import decoded, to_image
+from resmlp.data.per_image.decoded import decoded, to_image
+from resmlp.data.records import StreamPlan
 from resmlp.data.shards import parse_size, write_shards
-from resmlp.data.sources import StreamPlan, open_source
+from resmlp.data.sources import open_source
 from resmlp.errors import ConfigError, DataError
 
 

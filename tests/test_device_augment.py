@@ -1,5 +1,5 @@
-"""The device pipeline's augmentation against timm's own PIL implementation (resmlp.data.rand_augment,
-resmlp.data.device_augment).
+"""The device pipeline's augmentation against timm's own PIL implementation (resmlp.data.device.rand_augment,
+resmlp.data.device.augment).
 
 Stated bounds:
 - per op, same arguments: every colour op (and bilinear geometric ops) within 1 uint8 level of timm's PIL op on
@@ -27,8 +27,8 @@ from timm.data import auto_augment as aa
 from timm.data.random_erasing import RandomErasing
 from timm.data.transforms import RandomResizedCropAndInterpolation
 
-from resmlp.data import device_augment as da
-from resmlp.data import rand_augment as ra
+from resmlp.data.device import augment as da
+from resmlp.data.device import rand_augment as ra
 from resmlp.preprocess import _posterize
 
 FILL = (124, 116, 104)  # timm's img_mean for ImageNet's mean

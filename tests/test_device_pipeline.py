@@ -1,4 +1,4 @@
-"""data.pipeline: device -- workers read, the device decodes (resmlp.data.decode, resmlp.data.device_pipeline).
+"""data.pipeline: device -- workers read, the device decodes (resmlp.data.device.decode, resmlp.data.device.pipeline).
 
 Decoding equals the timm path's (resmlp.data.images.decode_image) within 1 level on the CPU; what torchvision
 can't decode exactly (PNG, CMYK, EXIF-rotated) takes PIL's path and is counted; unreadable files are skipped and
@@ -18,11 +18,11 @@ import torch
 from PIL import Image
 
 from resmlp.cli import main
-from resmlp.data.decode import EncodedDataset, collate_encoded, decode_batch, device_decodable
-from resmlp.data.device_augment import DeviceAugment
-from resmlp.data.device_pipeline import DevicePipeline
+from resmlp.data.device.augment import DeviceAugment
+from resmlp.data.device.decode import EncodedDataset, collate_encoded, decode_batch, device_decodable
+from resmlp.data.device.pipeline import DevicePipeline
 from resmlp.data.images import decode_image
-from resmlp.data.sources import MapRecords
+from resmlp.data.records import MapRecords
 from resmlp.errors import DataError
 
 
@@ -85,7 +85,7 @@ def test_every_format_decodes_as_the_timm_path_does(in_chans):
 
 
 def _as_channels(image: torch.Tensor, in_chans: int) -> torch.Tensor:
-    from resmlp.data.rand_augment import luminance
+    from resmlp.data.device.rand_augment import luminance
 
     return luminance(image[None].float())[0].to(torch.uint8) if in_chans == 1 else image.expand(3, -1, -1)
 
@@ -174,7 +174,7 @@ def test_dino_multicrop_on_tensors_draws_as_the_pil_version_and_matches_its_pixe
     """torchvision draws the same crops, jitter, blur and solarisation for a tensor as for a PIL image from the
     same seed; the tensor kernels then agree with PIL's at >= 35 dB (43-55 dB measured). A view left
     unnormalised is caught."""
-    from resmlp.data.device_augment import PerImageOnDevice
+    from resmlp.data.device.augment import PerImageOnDevice
     from resmlp.train.dino import MultiCropTransform
 
     img = photo(120, 160, seed=1)

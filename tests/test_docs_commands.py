@@ -176,10 +176,10 @@ def translation_folder(folder: Path) -> None:
 
 
 def fashion_mnist_module():
-    """resmlp.data.fashion_mnist, the module (resmlp.data's attribute of that name is its loader function)."""
+    """resmlp.data.sources.fashion_mnist, the module (resmlp.data's attribute of that name is its loader function)."""
     import importlib
 
-    return importlib.import_module("resmlp.data.fashion_mnist")
+    return importlib.import_module("resmlp.data.sources.fashion_mnist")
 
 
 @pytest.fixture(scope="module")

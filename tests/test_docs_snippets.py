@@ -73,7 +73,7 @@ def write_checkpoint(path: Path) -> None:
     import torch
 
     import resmlp
-    from resmlp.data.fashion_mnist import CLASS_NAMES
+    from resmlp.data.sources.fashion_mnist import CLASS_NAMES
 
     torch.manual_seed(0)
     model = resmlp.create_model("resmlp_s12", img_size=28, patch_size=7, in_chans=1, num_classes=10, dim=16,

@@ -211,7 +211,7 @@ def test_the_dino_centre_update_copies_nothing_from_the_host():
 
 
 def test_rgb_to_grey_batch_augmentation_copies_its_constants_once():
-    from resmlp.data.batch_augment import BatchAugment
+    from resmlp.data.device.batch_augment import BatchAugment
 
     augment = BatchAugment(16, 1, mean=[0.5], std=[0.25], reprob=0.25)
     with fake_cuda() as ledger:

@@ -20,7 +20,7 @@ from PIL import Image
 from test_device_pipeline import make_jpeg_folder
 from test_fake_cuda import COMMON, repeated_waits, run_cli
 
-from resmlp.data import decode
+from resmlp.data.device import decode
 
 DEVICE = {"data.pipeline": "device", "data.auto_augment": "rand-m9-mstd0.5-inc1", "data.reprob": 0.25,
           "data.mixup": 0.8, "data.cutmix": 1.0, "loss.label_smoothing": 0.1}

@@ -17,8 +17,8 @@ import resmlp
 from resmlp.checkpoint import CheckpointError, read_checkpoint
 from resmlp.cli import main
 from resmlp.data import build_dataset
-from resmlp.data.fashion_mnist import fashion_mnist, read_idx
 from resmlp.data.images import open_image
+from resmlp.data.sources.fashion_mnist import fashion_mnist, read_idx
 from resmlp.errors import ConfigError, DataError
 from resmlp.train.probe import knn_accuracy
 
@@ -189,9 +189,8 @@ def test_a_damaged_fashion_mnist_folder_is_one_line_on_the_command_line(tmp_path
 
 
 def test_an_uncompressed_idx_file_is_bounded_like_a_gzipped_one(tmp_path, monkeypatch):
-    import importlib
+    from resmlp.data.sources import fashion_mnist as fm
 
-    fm = importlib.import_module("resmlp.data.fashion_mnist")  # resmlp.data.fashion_mnist is also a function
     path = _idx(tmp_path / "x-idx1-ubyte", bytes([0, 0, 8, 1]) + struct.pack(">I", 2000), bytes(2000), gz=False)
     monkeypatch.setattr(fm, "MAX_IDX_BYTES", 1000)
     with pytest.raises(DataError, match="x-idx1-ubyte holds more than 1000 bytes"):
@@ -244,7 +243,7 @@ def test_symlinks_to_parent_folders_make_no_loop(tmp_path):
 
 
 def test_the_walk_is_bounded(tmp_path):
-    from resmlp.data.walk import expand_pattern
+    from resmlp.data.sources.walk import expand_pattern
 
     for i in range(20):
         (tmp_path / f"f{i}.txt").write_text("x")
@@ -253,7 +252,7 @@ def test_the_walk_is_bounded(tmp_path):
 
 
 def test_glob_patterns_match_as_glob_does(tmp_path):
-    from resmlp.data.walk import expand_pattern
+    from resmlp.data.sources.walk import expand_pattern
 
     for rel in ("a.png", "b.jpg", "s/c.png", "s/t/d.png", "s/t/e.PNG"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

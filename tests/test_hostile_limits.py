@@ -15,7 +15,8 @@ from resmlp.cli import main
 from resmlp.complexity import count_params, training_memory_bytes
 from resmlp.errors import ConfigError, user_message
 from resmlp.fileio import atomic_write
-from resmlp.models.registry import create_model, model_config
+from resmlp.models.pretrained import create_model
+from resmlp.models.registry import model_config
 from resmlp.models.resmlp import ResMLPConfig
 from resmlp.train.config import MAX_YAML_DEPTH, load_config, load_yaml
 

@@ -256,7 +256,7 @@ def test_cifar_finetune_runs_on_the_python_layout(tmp_path):
 def test_cifar_finetune_trains_on_all_images_with_val_size_0(tmp_path, val_size, train_images, validation):
     """The recipe's header names --set data.val_size=0 as the way to train on every training image, as DeiT did
     (the test split becomes the per-epoch metric); the default holds images out for model selection."""
-    from resmlp.data.assemble import build_data
+    from resmlp.data.loading.assemble import build_data
 
     data = _cifar100(tmp_path / "data", n_train=21)
     cfg = load_config("cifar-finetune", {"data.dir": str(data), "data.val_size": val_size, "data.num_workers": 0})

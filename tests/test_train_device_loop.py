@@ -13,8 +13,8 @@ import torch
 from timm.optim import create_optimizer_v2
 
 from resmlp.data import ArrayDataset, ResumableSampler
-from resmlp.data.batch_augment import BatchAugment, array_batches
-from resmlp.data.prefetch import DevicePrefetcher
+from resmlp.data.device.batch_augment import BatchAugment, array_batches
+from resmlp.data.loading.prefetch import DevicePrefetcher
 from resmlp.evaluation import classify
 from resmlp.train import train
 from resmlp.train.step import TIMED_STEPS, CompileChoice, RunningTotals, UpdateGuard, all_finite, total_grad_norm

@@ -41,7 +41,7 @@ TIMEOUT = 120
 CHILD = """
 import json, os, signal, sys
 from pathlib import Path
-from resmlp.data import samplers
+from resmlp.data.loading import samplers
 from resmlp.train import train
 from resmlp.train.config import load_config
 from resmlp.train.tasks import SupervisedTask
@@ -184,7 +184,7 @@ def test_a_resume_whose_epoch_would_have_another_length_is_refused(tmp_path, cap
 def test_every_process_count_continues_the_same_global_order(repeats):
     """The sampler's side of a resume at another process count, for both samplers it wraps: after 2 steps of
     a global batch of 16, the ranks of 1, 2 or 4 processes together hold the rest of one global order."""
-    from resmlp.data.samplers import ResumableSampler
+    from resmlp.data.loading.samplers import ResumableSampler
 
     dataset, batch, steps_done = range(512), 16, 2
 

@@ -12,7 +12,7 @@ from test_data import write_idx
 
 from resmlp.cli import main
 from resmlp.data.arrays import stratified_split
-from resmlp.data.assemble import build_data
+from resmlp.data.loading.assemble import build_data
 from resmlp.train import train
 from resmlp.train.config import load_config
 

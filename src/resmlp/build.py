@@ -137,7 +137,7 @@ def build_model(spec: str | ModelName, num_classes: int | None = None, in_chans:
         raise ValueError(f"a weights file goes with a timm:NAME or torchvision:NAME model, not {name}; a checkpoint "
                          "file holds its own weights and a preset takes pretrained=True")
     if name.kind == "preset":
-        from resmlp.models.registry import create_model
+        from resmlp.models.pretrained import create_model
 
         return create_model(name.name, **sizes, **overrides)
     if name.kind == "file":

@@ -17,9 +17,10 @@ from torch import nn
 
 from resmlp.data import ShardSampler, build_dataset, heldout_split, resolve_data
 from resmlp.data.arrays import ArrayDataset
-from resmlp.data.batch_augment import BatchAugment, eval_batches
-from resmlp.data.loaders import eval_loader
-from resmlp.data.sources import SourceSpec, spec_from_config
+from resmlp.data.device.batch_augment import BatchAugment, eval_batches
+from resmlp.data.loading.loaders import eval_loader
+from resmlp.data.records import SourceSpec
+from resmlp.data.sources import spec_from_config
 from resmlp.runtime import (
     DistInfo,
     all_reduce_sum,

@@ -35,7 +35,7 @@ from resmlp.data.images import max_image_pixels, open_image
 from resmlp.errors import CheckpointError, DataError
 
 if TYPE_CHECKING:
-    from resmlp.data.batch_augment import BatchAugment
+    from resmlp.data.device.batch_augment import BatchAugment
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
 # the smallest centre crop: resizing to img_size / crop_pct, a crop_pct of 1e-9 would resize every image to
@@ -138,7 +138,7 @@ class Preprocess:
         """The evaluation transform for whole uint8 batches of HxW images, where it is exact: no resize and no
         crop (crop_pct 1, images already img_size), i.e. ToTensor + Normalize (+ `after`). Else None: use
         eval_transform() per image."""
-        from resmlp.data.batch_augment import BatchAugment
+        from resmlp.data.device.batch_augment import BatchAugment
 
         if self.crop_pct != 1.0 or (image_height, image_width) != (self.img_size, self.img_size):
             return None
@@ -199,7 +199,7 @@ def preprocess_of_file(header: dict[str, Any], model: torch.nn.Module, dataset: 
 
 def _of_run_config(config: Any, model: torch.nn.Module) -> Preprocess:
     """A training state's preprocessing: its run config's data section for the model's input, as the run
-    built it (resmlp.data.assemble.run_preprocess); checked as metadata is."""
+    built it (resmlp.data.loading.assemble.run_preprocess); checked as metadata is."""
     data = config.get("data") if isinstance(config, dict) else None
     cfg = getattr(model, "config", None)
     if not isinstance(data, dict) or cfg is None or not isinstance(data.get("kind"), str):

@@ -34,8 +34,8 @@ def expand_inputs(items: list[str]) -> tuple[list[Path], list[dict[str, str]]]:
     """Image paths from files, folders and globs (in the order given) and an error per input matching none.
 
     Regular files only, folders walked without following folder symlinks, every walk bounded
-    (`resmlp.data.walk`): no FIFO is opened, no symlink loop walked."""
-    from resmlp.data.walk import expand_pattern, is_regular_file, regular_files
+    (`resmlp.data.sources.walk`): no FIFO is opened, no symlink loop walked."""
+    from resmlp.data.sources.walk import expand_pattern, is_regular_file, regular_files
 
     paths: list[Path] = []
     errors: list[dict[str, str]] = []

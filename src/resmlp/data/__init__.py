@@ -9,17 +9,18 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 from torchvision import transforms
 
-from resmlp.data import cifar as _cifar
-from resmlp.data import fashion_mnist as _fmnist
 from resmlp.data.arrays import ArrayDataset
-from resmlp.data.decoded import decoded
-from resmlp.data.fashion_mnist import fashion_mnist, read_idx
-from resmlp.data.folder import SkippingImageFolder
+from resmlp.data.loading.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
+from resmlp.data.per_image.decoded import decoded
+from resmlp.data.per_image.folder import SkippingImageFolder
 from resmlp.data.permute import PixelPermutation, pixel_permutation
-from resmlp.data.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
-from resmlp.data.sources import KINDS, SourceSpec, open_source, parse_source, spec_from_config
+from resmlp.data.records import SourceSpec
+from resmlp.data.sources import KINDS, open_source, parse_source, spec_from_config
+from resmlp.data.sources import cifar as _cifar
+from resmlp.data.sources import fashion_mnist as _fmnist
+from resmlp.data.sources.fashion_mnist import fashion_mnist, read_idx
+from resmlp.data.sources.synthetic import synthetic
 from resmlp.data.splits import heldout_split as _heldout
-from resmlp.data.synthetic import synthetic
 
 DEFAULT_STATS = {
     "fashion-mnist": (_fmnist.MEAN, _fmnist.STD),

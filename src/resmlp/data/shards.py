@@ -3,7 +3,7 @@
 Each split's records (a val split carved from train on request, by resmlp.data.splits) go, in an order
 shuffled by `seed`, into OUT/<split>-NNNNNN.tar shards of about `shard_size` bytes (webdataset's TarWriter;
 members KEY.<jpg|png|webp> as stored, KEY.cls the class index), and OUT/index.json lists every shard with
-its record count and size plus the class names (resmlp.data.wds reads it). Images stored as JPEG, PNG or
+its record count and size plus the class names (resmlp.data.sources.wds reads it). Images stored as JPEG, PNG or
 WebP are copied byte for byte; other formats and in-memory arrays are written as PNG (lossless).
 Unreadable records are skipped, counted and reported.
 
@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from resmlp.data.decoded import to_image
-from resmlp.data.sources import MapRecords, Payload, Source, optional_module
+from resmlp.data.per_image.decoded import to_image
+from resmlp.data.records import MapRecords, Payload, Source, optional_module
+from resmlp.data.sources.wds import INDEX, INDEX_FORMAT
 from resmlp.data.splits import decide_splits
-from resmlp.data.wds import INDEX, INDEX_FORMAT
 from resmlp.errors import ConfigError, DataError
 from resmlp.fileio import read_json_object, write_json
 
@@ -73,7 +73,7 @@ def _mode(payload: Payload) -> str:
 def write_shards(source: Source, out: str | Path, shard_size: int, seed: int = 0, shard_records: int | None = None,
                  val_size: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Write every split of `source` as shards in `out` (see the module doc); returns the index. shard_records:
-    at most this many records a shard (equal counts balance the workers exactly, resmlp.data.streams).
+    at most this many records a shard (equal counts balance the workers exactly, resmlp.data.sources.streams).
     val_size: a source without a val split gets one of that many records carved from train, as a training run
     carves it (resmlp.data.splits; seeded by `seed`); 0: the source's splits as they are."""
     wds = optional_module("webdataset")

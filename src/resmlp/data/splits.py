@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resmlp.data.arrays import stratified_split
-from resmlp.data.sources import MapRecords, Records, Source
+from resmlp.data.records import MapRecords, Records, Source
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"TABLE3_ROWS": "registry", "create_model": "registry", "list_models": "registry",
+_EXPORTS = {"TABLE3_ROWS": "registry", "create_model": "pretrained", "list_models": "registry",
             "model_config": "registry", "ResMLP": "resmlp", "ResMLPBlock": "resmlp", "ResMLPConfig": "config"}
 __all__ = sorted(_EXPORTS)
 

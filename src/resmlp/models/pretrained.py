@@ -227,3 +227,52 @@ def imagenet_class_names(num_classes: int) -> list[str] | None:
 
 
 register_with_timm()  # `import resmlp` + `import timm`, in either order, make every preset a timm model
+
+
+def create_model(
+    name: str,
+    pretrained: bool | str = False,
+    checkpoint_path: str | Path | None = None,
+    **overrides: Any,
+) -> ResMLP:
+    """Build preset `name`; optionally load published weights (`pretrained=True` or a tag) or a file.
+
+    The same builder as timm.create_model(name, ...). With weights, `num_classes` defaults to theirs and their
+    head is kept whenever its shape fits; only a `num_classes` that differs from theirs starts a freshly
+    initialised head (the usual fine-tuning start; a file's head left out says so in one warning). Another
+    `img_size` (or `patch_size`) than the weights' refits the grid-tied weights (resmlp.models.resize).
+    """
+    from resmlp.checkpoint import to_resmlp_keys
+
+    model_config(name)  # unknown names fail here, with suggestions
+    state_dict = None
+    if checkpoint_path is not None:
+        state_dict = to_resmlp_keys(read_weights(checkpoint_path))
+        overrides.setdefault("num_classes", head_classes(state_dict))
+    tag = pretrained if isinstance(pretrained, str) else None
+    model = build_preset(name, pretrained=bool(pretrained), pretrained_cfg=tag, **overrides)
+    if state_dict is not None:
+        _load_file_weights(model, state_dict, checkpoint_path)
+    return model
+
+
+def head_classes(state_dict: dict[str, Any]) -> int:
+    """The classes a state dict's head predicts (this project's key names); 0 for a headless backbone."""
+    head = state_dict.get("head.weight")
+    return int(head.shape[0]) if head is not None else 0
+
+
+def _load_file_weights(model: ResMLP, state_dict: dict[str, Any], path: str | Path) -> None:
+    """Load a file's weights, its grid refitted to the model's; its head unless the model's has another size."""
+    import warnings
+
+    from resmlp.checkpoint import load_state_into
+    from resmlp.models.resize import fit_state_dict
+
+    theirs, ours = head_classes(state_dict), model.config.num_classes
+    reset_head = theirs != ours
+    if reset_head:
+        warnings.warn(f"{path}: its {theirs}-class head is not loaded (num_classes={ours}); the model's head "
+                      "starts freshly initialised", stacklevel=3)
+    target = {k: v.shape for k, v in model.state_dict().items()}
+    load_state_into(model, fit_state_dict(state_dict, target), path, reset_head=reset_head, as_read=state_dict)

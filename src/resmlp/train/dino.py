@@ -163,7 +163,7 @@ class MultiCropTransform:
         jitter = T.ColorJitter(0.4, 0.4) if grayscale else T.ColorJitter(0.4, 0.4, 0.2, 0.1)
         color = [T.RandomApply([jitter], p=0.8)] + ([] if grayscale else [T.RandomGrayscale(p=0.2)])
         # tensors: the same torchvision transforms on decoded uint8 tensors where they are (data.pipeline device),
-        # normalised by the caller (resmlp.data.device_augment.PerImageOnDevice): torchvision's Normalize copies
+        # normalised by the caller (resmlp.data.device.augment.PerImageOnDevice): torchvision's Normalize copies
         # its statistics to the device and reads back a zero check on every call
         finish = [T.ConvertImageDtype(torch.float32)] if tensors else [T.ToTensor(), T.Normalize(mean, std)]
         flip = T.RandomHorizontalFlip()

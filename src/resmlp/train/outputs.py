@@ -8,7 +8,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from resmlp import reporting
-from resmlp.data.assemble import run_spec
+from resmlp.data.loading.assemble import run_spec
 from resmlp.evaluation import EVAL_BATCH_SIZE
 from resmlp.hostinfo import host_info
 from resmlp.inference import load_for_inference

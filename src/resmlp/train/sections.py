@@ -50,10 +50,10 @@ class DataConfig:
     repeated_aug: int = 0  # repeats per image (RepeatAugSampler); 0 or 1: off
     num_workers: int = 2
     # in-memory datasets (fashion-mnist, cifar, synthetic) without auto_augment/color_jitter: crop, flip and
-    # erase whole batches in the training process (resmlp.data.batch_augment); false: timm's per-image transform
+    # erase whole batches in the training process (resmlp.data.device.batch_augment); false: timm's per-image transform
     batch_augment: bool = True
     # device: JPEGs decoded and the training augmentation (random-resized crop, flip, timm's RandAugment, erasing)
-    # applied to whole batches where the model runs (resmlp.data.device_pipeline); timm: timm's per-image
+    # applied to whole batches where the model runs (resmlp.data.device.pipeline); timm: timm's per-image
     # transform in loader workers, the reference. Recipes whose ops the device path covers set device
     pipeline: str = "timm"
     synthetic_size: list[int] = field(default_factory=lambda: [256, 64])  # train, val (kind: synthetic)

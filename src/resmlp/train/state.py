@@ -12,7 +12,7 @@ import torch
 
 from resmlp.checkpoint import torch_load
 from resmlp.checkpoint_reader import check_int, check_state_dict
-from resmlp.data.loaders import StreamPosition
+from resmlp.data.loading.loaders import StreamPosition
 from resmlp.errors import CheckpointError
 from resmlp.fileio import atomic_write
 
@@ -94,7 +94,7 @@ def check_same_epochs(trainer: TrainerView, state: dict[str, Any]) -> None:
 
 
 def check_same_stream_layout(trainer: TrainerView, state: dict[str, Any]) -> None:
-    """A stream's position within an epoch is counted in its workers' batches (resmlp.data.streams): a resume
+    """A stream's position within an epoch is counted in its workers' batches (resmlp.data.sources.streams): a resume
     mid-epoch needs the same processes, data.num_workers and micro-batch, or it would repeat and skip images."""
     if not state.get("step_in_epoch") or not isinstance(getattr(trainer, "sampler", None), StreamPosition):
         return

@@ -24,10 +24,10 @@ from torch.utils.data import DataLoader
 
 from resmlp import reporting
 from resmlp.checkpoint import save
-from resmlp.data.assemble import build_data
-from resmlp.data.batch_augment import array_batches
-from resmlp.data.loaders import epoch_sampler, train_loader
-from resmlp.data.prefetch import DevicePrefetcher
+from resmlp.data.device.batch_augment import array_batches
+from resmlp.data.loading.assemble import build_data
+from resmlp.data.loading.loaders import epoch_sampler, train_loader
+from resmlp.data.loading.prefetch import DevicePrefetcher
 from resmlp.models.fused_block import set_fused_training
 from resmlp.runtime import (
     DistInfo,

@@ -100,7 +100,7 @@ def check_augmentation(d: Any) -> list[str]:
     if d.color_jitter > 0 and not d.auto_augment:  # timm turns colour jitter off under RandAugment
         return [f"data.pipeline=device does not run data.color_jitter={d.color_jitter}{hint}"]
     if d.auto_augment:
-        from resmlp.data.rand_augment import parse_rand_augment
+        from resmlp.data.device.rand_augment import parse_rand_augment
 
         try:
             parse_rand_augment(d.auto_augment)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from resmlp.data.assemble import RunData
+    from resmlp.data.loading.assemble import RunData
     from resmlp.runtime import DistInfo
     from resmlp.train.config import TrainConfig
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from resmlp.data.sources import Key, Payload, StreamPlan, StreamRecords, Unreadable, optional_module
+from resmlp.data.records import Key, Payload, StreamPlan, StreamRecords, Unreadable, optional_module
 from resmlp.errors import DataError
 
 SHUFFLE_BUFFER = 1000  # records held by each worker's shuffle buffer (webdataset's default)

@@ -12,7 +12,7 @@ as stored (the Image feature with decode=False), never decoded here.
 
 Map-style by default; with data.streaming, each split is read as a stream of contiguous shards of its Arrow
 table (`Dataset.shard(contiguous=True)`, read in order), split across ranks and workers as
-resmlp.data.streams states. Not datasets' own IterableDataset: it splits itself again inside each DataLoader
+resmlp.data.sources.streams states. Not datasets' own IterableDataset: it splits itself again inside each DataLoader
 worker, so a worker past its shard count gets nothing. Parquet files are converted to Arrow once by
 `from_parquet` (datasets' cache) in both modes: streaming saves memory and random reads, not that copy.
 Wrong columns and labels out of range are refused in one line before training.
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from resmlp.data.images import read_image_bytes
-from resmlp.data.sources import MapRecords, Payload, Source, SourceSpec, Unreadable, optional_module
-from resmlp.data.streams import ShardedRecords, checked_label
+from resmlp.data.records import MapRecords, Payload, Source, SourceSpec, Unreadable, optional_module
+from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.errors import DataError
 
 IMAGE_COLUMNS, LABEL_COLUMNS = ("image", "img"), ("label", "labels")
@@ -77,7 +77,7 @@ class HfStream(ShardedRecords):
 
     def read_shard(self, index: int) -> Iterator[tuple[str, Payload, int]]:
         # datasets' own IterableDataset splits itself again inside each DataLoader worker (a worker past its
-        # shard count gets nothing), which would break the contract of resmlp.data.streams: a shard here is a
+        # shard count gets nothing), which would break the contract of resmlp.data.sources.streams: a shard here is a
         # contiguous slice of the memory-mapped Arrow table, read in order, batch by batch
         rows = self.dataset.shard(self.num_shards, index, contiguous=True)
         start = _bounds(len(self.dataset), self.num_shards, index).start
@@ -170,7 +170,7 @@ def _class_names(datasets: Any, feature: Any, labels: np.ndarray, class_map: str
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names)
     if class_map:
-        from resmlp.data.imagenet import read_class_map
+        from resmlp.data.sources.imagenet import read_class_map
 
         return read_class_map(class_map)
     return [str(i) for i in range(int(labels.max()) + 1 if labels.size else 0)] or ["0"]

@@ -6,7 +6,7 @@ the same to a batch of decoded uint8 images of any sizes on their device (a GPU,
 loader worker:
 - the crop box, flip, RandAugment ops and erased box of every image are drawn on the CPU from the image's own
   uniforms (`uniforms`, from its sampler key), with timm's rules (the box: timm's get_params; the ops:
-  resmlp.data.rand_augment; the erased box: timm's RandomErasing._erase, count 1, pixel noise);
+  resmlp.data.device.rand_augment; the erased box: timm's RandomErasing._erase, count 1, pixel noise);
 - those few numbers go to the device in one page-locked copy per batch;
 - each image is cropped and resized by F.interpolate(antialias=True) (torch's antialiased kernels were made to
   match PIL's resize), rounded to whole values as PIL's uint8 output is; the rest runs on the whole batch.
@@ -14,7 +14,7 @@ Erasing noise is drawn on the device by a generator seeded with the image's seed
 batch, and only the erased box's pixels are drawn (CPU and CUDA generators differ, so a CPU image's noise is not
 a GPU image's, as with timm's own erasing on either).
 
-Every image's numbers come from its sampler key, as in resmlp.data.batch_augment, so an image gets the same
+Every image's numbers come from its sampler key, as in resmlp.data.device.batch_augment, so an image gets the same
 augmentation whatever its batch, device, number of processes or restart (equal on the CPU, within float
 rounding of the kernels on a GPU, erasing noise aside).
 """
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import default_collate
 
-from resmlp.data import rand_augment as ra
+from resmlp.data.device import rand_augment as ra
 from resmlp.runtime import copy_to
 
 ATTEMPTS = 10  # timm's RandomResizedCrop and RandomErasing both try 10 boxes

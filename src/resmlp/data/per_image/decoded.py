@@ -1,7 +1,7 @@
 """The per-image path: raw records (resmlp.data.sources) decoded to images, then a transform (timm's).
 
 An unreadable record (a file that is gone, truncated or corrupt; an image over the pixel bound) comes back as
-None with a warning, and `resmlp.data.samplers.collate_skipping` drops and counts it. A readable image whose
+None with a warning, and `resmlp.data.loading.samplers.collate_skipping` drops and counts it. A readable image whose
 transform fails is a bug in the transform, not a bad file: it is raised, naming the image.
 """
 
@@ -19,8 +19,8 @@ from torch.utils.data import Dataset, IterableDataset
 
 from resmlp.data.arrays import ArrayDataset, _pil_mode
 from resmlp.data.images import decode_image
-from resmlp.data.samplers import sample_seed
-from resmlp.data.sources import ArrayRecords, MapRecords, Payload, StreamPlan, StreamRecords, Unreadable
+from resmlp.data.loading.samplers import sample_seed
+from resmlp.data.records import ArrayRecords, MapRecords, Payload, StreamPlan, StreamRecords, Unreadable
 from resmlp.errors import DataError
 
 

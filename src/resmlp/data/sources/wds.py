@@ -8,7 +8,7 @@ class index as text) or `KEY.json` (`{"label": N}` or N). `wds:` names
   and test (`/data/{split}-{000000..000146}.tar`), else the shards are the train split. An index.json beside
   the shards gives the counts and class names; without one, data.class_map names the classes and
   data.epoch_length the training records per epoch.
-Sharding, shuffling and resume: resmlp.data.streams. A member that can't be used (no image, no label, a label
+Sharding, shuffling and resume: resmlp.data.sources.streams. A member that can't be used (no image, no label, a label
 out of range) and a damaged shard's rest are skipped and counted; a shard whose size differs from the index
 (truncated) and a missing shard are refused before training, in one line.
 """
@@ -21,8 +21,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from resmlp.data.sources import SPLITS, Payload, Source, SourceSpec, Unreadable, optional_module
-from resmlp.data.streams import ShardedRecords, checked_label
+from resmlp.data.records import SPLITS, Payload, Source, SourceSpec, Unreadable, optional_module
+from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.errors import DataError
 from resmlp.fileio import read_json_object
 
@@ -133,7 +133,7 @@ def _indexed(spec: SourceSpec, index_path: Path, length: int | None) -> Source:
 def _pattern(spec: SourceSpec, length: int | None, class_map: str | None) -> Source:
     import braceexpand
 
-    from resmlp.data.imagenet import read_class_map
+    from resmlp.data.sources.imagenet import read_class_map
 
     pattern = spec.arg
     splits = SPLITS if "{split}" in pattern else ("train",)

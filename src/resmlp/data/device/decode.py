@@ -27,8 +27,8 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from resmlp.data.images import check_image_size, decode_image, max_image_pixels
-from resmlp.data.samplers import sample_seed
-from resmlp.data.sources import Unreadable
+from resmlp.data.loading.samplers import sample_seed
+from resmlp.data.records import Unreadable
 from resmlp.errors import DataError
 from resmlp.runtime import copy_to
 
@@ -95,7 +95,7 @@ class EncodedDataset(torch.utils.data.Dataset):
 
 class EncodedStream(torch.utils.data.IterableDataset):
     """A stream's records (WebDataset shards, streamed Hugging Face datasets) as `encoded_item`s, in the order
-    and with the keys of `stream` (a resmlp.data.decoded.DecodedStream: the trainer's StreamPosition sets its
+    and with the keys of `stream` (a resmlp.data.per_image.decoded.DecodedStream: the trainer's StreamPosition sets its
     plan each epoch, read here when the workers start)."""
 
     def __init__(self, stream: Any, in_chans: int, max_pixels: int | None = None) -> None:

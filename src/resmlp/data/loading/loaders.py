@@ -1,7 +1,7 @@
 """The DataLoaders of the per-image path, for map-style datasets and streams alike.
 
 A map-style dataset is ordered by ResumableSampler (its keys seed each sample's augmentation) in workers that
-persist across epochs. A stream (resmlp.data.streams) orders itself: its StreamPlan is set at each epoch's
+persist across epochs. A stream (resmlp.data.sources.streams) orders itself: its StreamPlan is set at each epoch's
 start, and its workers start afresh each epoch so that they read the new plan.
 """
 
@@ -11,9 +11,9 @@ from dataclasses import replace
 
 from torch.utils.data import DataLoader, Dataset
 
-from resmlp.data.decoded import DecodedStream
-from resmlp.data.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
-from resmlp.data.sources import StreamPlan
+from resmlp.data.loading.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
+from resmlp.data.per_image.decoded import DecodedStream
+from resmlp.data.records import StreamPlan
 
 
 class StreamPosition:

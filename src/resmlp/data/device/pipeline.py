@@ -1,6 +1,6 @@
 """data.pipeline: device -- encoded batches decoded and augmented where the model runs (docs/training.md).
 
-`DevicePipeline` turns the workers' EncodedBatch (resmlp.data.decode) into the trainer's (images, targets,
+`DevicePipeline` turns the workers' EncodedBatch (resmlp.data.device.decode) into the trainer's (images, targets,
 skipped): decode_batch on the device, then DeviceAugment (timm's training transform as a batch op), counting
 how each image was decoded for summary.json.
 
@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from resmlp.data.decode import EncodedBatch, EncodedDataset, EncodedStream, collate_encoded, decode_batch
-from resmlp.data.device_augment import DeviceAugment
+from resmlp.data.device.augment import DeviceAugment
+from resmlp.data.device.decode import EncodedBatch, EncodedDataset, EncodedStream, collate_encoded, decode_batch
 from resmlp.runtime import copy_to
 
 PIPELINES = ("device", "timm")

@@ -10,8 +10,8 @@ import numpy as np
 
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.images import check_image_size
-from resmlp.data.sources import ArrayRecords
-from resmlp.data.walk import is_regular_file
+from resmlp.data.records import ArrayRecords
+from resmlp.data.sources.walk import is_regular_file
 from resmlp.errors import DataError
 
 DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")

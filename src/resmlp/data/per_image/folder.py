@@ -1,16 +1,16 @@
 """One folder of class folders (root/<class>/<image>) as a dataset whose unreadable images are skipped.
 
-Listed by resmlp.data.imagenet (os.scandir, no stat per file), read as raw records and decoded by
-resmlp.data.decoded; kept as a class for callers that name a class-folder root directly (data.test_dir).
+Listed by resmlp.data.sources.imagenet (os.scandir, no stat per file), read as raw records and decoded by
+resmlp.data.per_image.decoded; kept as a class for callers that name a class-folder root directly (data.test_dir).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from resmlp.data.decoded import DecodedDataset
-from resmlp.data.imagenet import FileRecords, class_folders, split_records
 from resmlp.data.images import max_image_pixels as default_max_pixels
+from resmlp.data.per_image.decoded import DecodedDataset
+from resmlp.data.sources.imagenet import FileRecords, class_folders, split_records
 
 
 def class_folder_records(root: str | Path) -> FileRecords:

@@ -1,6 +1,6 @@
 """A tar of an ImageNet-layout folder, read in place: the `folder:FILE.tar` source.
 
-The archive holds what `folder:DIR` reads (resmlp.data.imagenet), `DIR` archived: members
+The archive holds what `folder:DIR` reads (resmlp.data.sources.imagenet), `DIR` archived: members
 `train/<class>/<image>`, `val/<class>/<image>` (split synonyms as for folders), or the raw flat val folder with
 `LOC_val_solution.csv` / `val.txt` inside the tar (beside the images or at the top); optionally all under one
 top-level folder (`imagenet/train/...`, as `tar cf imagenet.tar imagenet` makes). Class names, labels and the
@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from resmlp.data.imagenet import (
+from resmlp.data.images import MAX_IMAGE_FILE_BYTES
+from resmlp.data.records import MapRecords, Source, SourceSpec
+from resmlp.data.sources.imagenet import (
     MAX_GROUND_TRUTH_BYTES,
     SPLIT_NAMES,
     PackedNames,
@@ -43,9 +45,7 @@ from resmlp.data.imagenet import (
     read_class_map,
     split_names,
 )
-from resmlp.data.images import MAX_IMAGE_FILE_BYTES
-from resmlp.data.sources import MapRecords, Source, SourceSpec
-from resmlp.data.walk import MAX_WALK_ENTRIES
+from resmlp.data.sources.walk import MAX_WALK_ENTRIES
 from resmlp.errors import DataError
 
 # magic numbers of the compressions tarfile could open but not at an offset: gzip, bzip2, xz, zstd
@@ -217,7 +217,7 @@ def _class_folders(listing: TarListing, split_dir: str) -> list[str]:
 
 
 def _torchvision_order(names: list[str]) -> list[str]:
-    """The folder listing's order (resmlp.data.walk.list_files): folders by path, then names within each."""
+    """The folder listing's order (resmlp.data.sources.walk.list_files): folders by path, then names within each."""
     return sorted(names, key=lambda name: name.rpartition("/")[::2])
 
 

@@ -5,9 +5,9 @@ splits are decided in one place (resmlp.data.splits: model selection never looks
 are decoded with the run's transforms.
 
 Data paths (docs/training.md): in-memory datasets (Fashion-MNIST, CIFAR, synthetic) without RandAugment or
-colour jitter are augmented in whole batches in the training process (resmlp.data.batch_augment); with
+colour jitter are augmented in whole batches in the training process (resmlp.data.device.batch_augment); with
 data.pipeline=device, encoded images are decoded and augmented in whole batches where the model runs, and
-in-memory ones with RandAugment augmented there (resmlp.data.device_pipeline); all others go through timm's
+in-memory ones with RandAugment augmented there (resmlp.data.device.pipeline); all others go through timm's
 per-image transform in DataLoader workers.
 """
 
@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resmlp.data import ArrayDataset, PixelPermutation, dataset_stats, with_permutation
-from resmlp.data.batch_augment import BatchAugment
-from resmlp.data.decode import EncodedDataset, EncodedStream
-from resmlp.data.decoded import decoded
-from resmlp.data.device_augment import DeviceAugment, PerImageOnDevice
-from resmlp.data.device_pipeline import DevicePipeline
-from resmlp.data.folder import class_folder_records
-from resmlp.data.sources import MapRecords, Source, SourceSpec, open_source, spec_from_config
+from resmlp.data.device.augment import DeviceAugment, PerImageOnDevice
+from resmlp.data.device.batch_augment import BatchAugment
+from resmlp.data.device.decode import EncodedDataset, EncodedStream
+from resmlp.data.device.pipeline import DevicePipeline
+from resmlp.data.per_image.decoded import decoded
+from resmlp.data.per_image.folder import class_folder_records
+from resmlp.data.records import MapRecords, Source, SourceSpec
+from resmlp.data.sources import open_source, spec_from_config
 from resmlp.data.splits import decide_splits
 from resmlp.preprocess import Preprocess
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from resmlp.data.arrays import ArrayDataset
-from resmlp.data.sources import ArrayRecords
+from resmlp.data.records import ArrayRecords
 from resmlp.errors import DataError
 
 MEAN = (0.4914, 0.4822, 0.4465)

@@ -12,10 +12,10 @@ number, as timm's --class-map), else from the training split's class folders, so
 mapped through that one list: a class folder the list lacks is an error, not a shifted label.
 
 Listing is fast at ImageNet's 1.28 M files: one `os.scandir` per folder, no `os.stat` or open per file
-(resmlp.data.walk.list_files); an unreadable file is found, skipped and counted when it is read. The file
+(resmlp.data.sources.walk.list_files); an unreadable file is found, skipped and counted when it is read. The file
 names live in one byte buffer plus offsets (`PackedNames`), numpy arrays that DataLoader workers share
 after fork without the reference-count writes that copy a Python list of strings into each worker.
-`folder:FILE.tar` reads a tar of such a folder in place (resmlp.data.imagenet_tar).
+`folder:FILE.tar` reads a tar of such a folder in place (resmlp.data.sources.imagenet_tar).
 Safety kept from before: an empty class folder and a flat folder without ground truth are refused; files
 that are not regular (FIFOs) are never opened (resmlp.data.images).
 """
@@ -33,8 +33,8 @@ import numpy as np
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from resmlp.data.images import read_image_bytes
-from resmlp.data.sources import MapRecords, Source, SourceSpec
-from resmlp.data.walk import list_files
+from resmlp.data.records import MapRecords, Source, SourceSpec
+from resmlp.data.sources.walk import list_files
 from resmlp.errors import DataError
 
 SPLIT_NAMES = {"train": ("train", "training"), "val": ("val", "valid", "validation"), "test": ("test",)}
@@ -182,7 +182,7 @@ def label_class_files(split_dir: str, split: str, files_by_class: dict[str, list
                       mapped: bool) -> tuple[list[str], np.ndarray]:
     """The names (`<class>/<file>`) and labels of a split's class folders, `files_by_class` {class folder: its
     image files, in torchvision's order}; every class folder must be in `classes` (and, without a class map,
-    be all of them), and none empty. Shared by folders and tars of them (resmlp.data.imagenet_tar)."""
+    be all of them), and none empty. Shared by folders and tars of them (resmlp.data.sources.imagenet_tar)."""
     present = sorted(files_by_class)
     index = {name: i for i, name in enumerate(classes)}
     unknown = [name for name in present if name not in index]

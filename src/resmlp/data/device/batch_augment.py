@@ -7,7 +7,7 @@ parameters itself (RandomResizedCropAndInterpolation.get_params: 10 attempts at 
 log-uniform aspect ratio in `ratio`, else a centre crop clamped to `ratio`) and applies crop, resize and
 flip to the whole batch with one `grid_sample`. Random erasing is timm's RandomErasing.
 
-Every image's random numbers come from its sampler key (resmlp.data.samplers.sample_seed), as with the
+Every image's random numbers come from its sampler key (resmlp.data.loading.samplers.sample_seed), as with the
 per-image path, so an image gets the same augmentation whatever the batch it lands in, the number of
 processes or a restart. The numbers are drawn on the CPU from per-image generators (a few per image) and the
 pixels are computed where the images are: on a GPU the dataset lives on the device (ArrayDataset.on_device)
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from timm.data.random_erasing import RandomErasing
 
 from resmlp.data.arrays import ArrayDataset
-from resmlp.data.samplers import sample_seed
+from resmlp.data.loading.samplers import sample_seed
 from resmlp.runtime import copy_to
 
 ATTEMPTS = 10  # timm's RandomResizedCrop tries 10 areas before it falls back to a centre crop

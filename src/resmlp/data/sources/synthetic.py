@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from resmlp.data.arrays import ArrayDataset
-from resmlp.data.sources import ArrayRecords
+from resmlp.data.records import ArrayRecords
 
 
 def synthetic(split: str, num_images: int, num_classes: int, img_size: int, in_chans: int = 1,

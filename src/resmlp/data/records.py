@@ -1,25 +1,13 @@
-"""Data sources: where images come from, as raw records, before any decoding or augmentation.
-
-One grammar names a source (`data.source` in a recipe, `--data` on the command line), as models are named:
-
-    folder:DIR        DIR/{train,val,test}/<class>/<image> (and ImageNet's own layouts, resmlp.data.imagenet)
-    folder:FILE.tar   an uncompressed tar of such a folder, read in place (resmlp.data.imagenet_tar)
-    wds:PATTERN       WebDataset tar shards (resmlp.data.wds); `{split}` in PATTERN names the split
-    hf:DIR            a Hugging Face dataset saved with `datasets` (save_to_disk) or parquet files (resmlp.data.hf)
-    fashion-mnist[:DIR], cifar10:DIR, cifar100:DIR, synthetic
+"""Records: the form every data source hands its images in, below the sources (resmlp.data.sources).
 
 A `Source` hands out, per split, *records*: `(payload, label)` where the payload is the image exactly as
 stored -- the encoded file's `bytes` (JPEG, PNG, WebP...) or, for in-memory datasets, a uint8 numpy array
-(H, W) or (H, W, 3). Nothing is decoded here; consumers decode:
-- the per-image path (timm's transforms in DataLoader workers): resmlp.data.decoded, bytes via
-  resmlp.data.images.decode_image (bounded size, EXIF, high bit depths), then the transform;
-- the batched paths (in-memory arrays augmented on the device; whole batches of JPEG bytes decoded on the
-  device) take the same records.
+(H, W) or (H, W, 3). Nothing is decoded here; consumers decode (resmlp.data.per_image, resmlp.data.device).
 
 Record collections come in two forms, both with `class_names`:
 - `MapRecords` (map-style, a torch Dataset): `records[i] -> (payload, label)`, `len(records)`, `labels` (an
   int64 array of every label, read without touching the images), `subset(indices)`, `name(i)` (the record's
-  file or key, for messages). Shard it with resmlp.data.samplers.ResumableSampler: its keys
+  file or key, for messages). Shard it with resmlp.data.loading.samplers.ResumableSampler: its keys
   `(seed, epoch, position, index)` pick `records[index]` and seed the augmentation (sample_seed(key)), so a
   sample's augmentation is the same whatever the processes, workers or restarts.
 - `StreamRecords` (WebDataset shards, streamed Hugging Face datasets): `samples(plan)`, called inside a
@@ -27,21 +15,18 @@ Record collections come in two forms, both with `class_names`:
   rank, workers, batch and the samples of this rank already consumed (a resume). The key is
   `(seed, epoch, global position, name)`: sample_seed(key) seeds the augmentation as for map records, and
   `name` (shard and member) names the record in messages. Shards are split across DDP ranks and DataLoader
-  workers (each shard read by one worker of one rank per epoch; resmlp.data.streams states the contract);
-  `epoch_length(plan)` is the per-rank epoch length. A payload of type `Unreadable` is a record that could
-  not be read (its text says why): skip and count it.
+  workers (each shard read by one worker of one rank per epoch; resmlp.data.sources.streams states the
+  contract); `epoch_length(plan)` is the per-rank epoch length. A payload of type `Unreadable` is a record
+  that could not be read (its text says why): skip and count it.
 
 A record that can't be read (a missing or truncated file, a corrupt tar member) raises DataError when it is
-read; consumers skip and count it (resmlp.data.samplers.collate_skipping).
-
-Which split trains, validates and tests is decided in one place: resmlp.data.splits.decide_splits.
+read; consumers skip and count it (resmlp.data.loading.samplers.collate_skipping).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,10 +35,7 @@ from torch.utils.data import Dataset
 from resmlp.errors import ConfigError
 
 SPLITS = ("train", "val", "test")
-KINDS = ("folder", "wds", "hf", "fashion-mnist", "cifar10", "cifar100", "synthetic")
-# kinds whose argument is required (folder:DIR); the others take an optional one (fashion-mnist[:DIR])
-NEEDS_ARGUMENT = ("folder", "wds", "hf", "cifar10", "cifar100")
-Key = tuple[int, int, int, int]  # (seed, epoch, global position, index): resmlp.data.samplers
+Key = tuple[int, int, int, int]  # (seed, epoch, global position, index): resmlp.data.loading.samplers
 Payload = bytes | np.ndarray
 
 
@@ -66,35 +48,6 @@ class SourceSpec:
 
     def __str__(self) -> str:
         return self.kind if self.arg is None else f"{self.kind}:{self.arg}"
-
-
-def parse_source(text: str) -> SourceSpec:
-    """`KIND[:ARG]` as in the module doc; a bare existing folder is `folder:DIR` (what --data DIR meant), a bare
-    existing `.tar` file `folder:FILE.tar`."""
-    kind, sep, arg = text.partition(":")
-    if kind in KINDS:
-        if kind in NEEDS_ARGUMENT and not arg:
-            raise ConfigError(f"data source {text!r}: {kind} needs its location, e.g. {kind}:{_EXAMPLES[kind]}")
-        return SourceSpec(kind, arg or None)
-    if Path(text).is_dir() or (text.endswith(".tar") and Path(text).is_file()):
-        return SourceSpec("folder", text)
-    kinds = ", ".join(k + ":…" if k in NEEDS_ARGUMENT else k for k in KINDS)
-    raise ConfigError(f"data source {text!r} is not one of {kinds} (e.g. folder:/data/imagenet, "
-                      "wds:/data/shards/{split}-{000000..000146}.tar, hf:/data/imagenet-hf), nor an existing folder")
-
-
-_EXAMPLES = {"folder": "/data/imagenet", "wds": "/data/shards/{split}-{000000..000146}.tar",
-             "hf": "/data/imagenet-hf", "cifar10": "/data/cifar", "cifar100": "/data/cifar"}
-
-
-def spec_from_config(source: str | None, kind: str, folder: str | None) -> SourceSpec:
-    """The run's source: data.source when set, else the older data.kind + data.dir spelled in the grammar."""
-    if source:
-        return parse_source(source)
-    if kind not in KINDS:
-        raise ConfigError(f"data.kind: {kind!r} is not one of {', '.join(KINDS)}; name the data with "
-                          "data.source (--data), e.g. folder:/data/imagenet")
-    return parse_source(kind if folder is None else f"{kind}:{folder}")
 
 
 class MapRecords(Dataset):
@@ -159,7 +112,7 @@ class StreamPlan:
 
 
 class StreamRecords:
-    """Streamed records (resmlp.data.streams.ShardedRecords); see the module doc. Stateless: the pass is
+    """Streamed records (resmlp.data.sources.streams.ShardedRecords); see the module doc. Stateless: the pass is
     described by a StreamPlan, so a training stream and an evaluation stream over the same records coexist."""
 
     class_names: list[str]
@@ -209,47 +162,3 @@ def optional_module(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError:
         raise ConfigError(f"this data source needs the {name} package: pip install 'resmlp[data]'") from None
-
-
-def open_source(spec: SourceSpec | str, **options: Any) -> Source:
-    """The source `spec` names. options: in_chans-independent knobs of some kinds (synthetic_size,
-    synthetic_classes, img_size, seed for synthetic; class_map for folders; index_cache for folders)."""
-    spec = parse_source(spec) if isinstance(spec, str) else spec
-    if spec.kind == "folder" and Path(spec.arg).is_file():  # a tar of the folder
-        from resmlp.data.imagenet_tar import tar_source
-
-        return tar_source(spec, class_map=options.get("class_map"))
-    if spec.kind == "folder":
-        from resmlp.data.imagenet import folder_source
-
-        return folder_source(spec, class_map=options.get("class_map"), index_cache=options.get("index_cache"))
-    if spec.kind == "wds":
-        from resmlp.data.wds import wds_source
-
-        return wds_source(spec, length=options.get("length"), class_map=options.get("class_map"))
-    if spec.kind == "hf":
-        from resmlp.data.hf import hf_source
-
-        return hf_source(spec, streaming=bool(options.get("streaming")), class_map=options.get("class_map"))
-    return _array_source(spec, options)
-
-
-def _array_source(spec: SourceSpec, options: dict[str, Any]) -> Source:
-    """Fashion-MNIST, CIFAR and synthetic: arrays read (or made) when a split is first asked for."""
-    if spec.kind == "fashion-mnist":
-        from resmlp.data.fashion_mnist import fashion_mnist_records
-
-        return Source(spec, {s: (lambda s=s: fashion_mnist_records(s, spec.arg)) for s in ("train", "test")},
-                      "fashion-mnist")
-    if spec.kind in ("cifar10", "cifar100"):
-        from resmlp.data.cifar import cifar_records
-
-        return Source(spec, {s: (lambda s=s: cifar_records(spec.kind, s, spec.arg)) for s in ("train", "test")},
-                      spec.kind)
-    from resmlp.data.synthetic import synthetic_records
-
-    train_n, val_n = options.get("synthetic_size", (256, 64))
-    made = {s: (lambda s=s, n=n: synthetic_records(s, n, options.get("synthetic_classes", 4),
-                                                   options.get("img_size", 28), options.get("seed", 0)))
-            for s, n in (("train", train_n), ("val", val_n), ("test", val_n))}
-    return Source(spec, made, "synthetic")
