@@ -23,23 +23,26 @@ that are not regular (FIFOs) are never opened (resmlp.data.images).
 from __future__ import annotations
 
 import csv
-import hashlib
+import io
 import os
-import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from resmlp.data.images import read_image_bytes
-from resmlp.data.records import MapRecords, Source, SourceSpec
+from resmlp.data.records import MAX_CLASSES, MapRecords, Source, SourceSpec, check_class_names
+from resmlp.data.sources.index_cache import index_path, load_index, safe_names, save_index
 from resmlp.data.sources.walk import list_files
 from resmlp.errors import DataError
 
 SPLIT_NAMES = {"train": ("train", "training"), "val": ("val", "valid", "validation"), "test": ("test",)}
 MAX_CLASS_MAP_BYTES = 64 << 20
-MAX_GROUND_TRUTH_BYTES = 1 << 30
+# a ground-truth file has one line per image (ImageNet's val: 50,000 lines of a name, a synset and boxes)
+MAX_GROUND_TRUTH_BYTES = 256 << 20
+MAX_GROUND_TRUTH_LINES = 10_000_000  # resmlp.data.sources.walk.MAX_WALK_ENTRIES: one line per image at most
+MAX_BLANK_LINES = 1_000  # blank lines tolerated beyond one line per entry (trailing newlines, paragraph breaks)
 
 
 def is_image_name(name: str) -> bool:
@@ -140,25 +143,31 @@ def split_names(present: Iterable[str], where: str) -> dict[str, str]:
 
 
 def class_folders(split_dir: Path) -> list[str]:
-    """The class folder names of a split folder, sorted; symlinks to folders count (followed here only)."""
+    """The class folder names of a split folder, sorted; symlinks to folders count (followed here only).
+    More than MAX_CLASSES entries are refused while listing, before a list of that size is kept."""
+    found = []
     with os.scandir(split_dir) as entries:
-        return sorted(e.name for e in entries if e.is_dir())  # is_dir follows a symlink; d_type answers the rest
+        for entry in entries:
+            if entry.is_dir():  # is_dir follows a symlink; d_type answers the rest
+                found.append(entry.name)
+                if len(found) > MAX_CLASSES:
+                    raise DataError(f"{split_dir} has more than {MAX_CLASSES:,} class folders; name the folder "
+                                    "that holds one folder per class")
+    return sorted(found)
 
 
 def read_class_map(path: str | Path) -> list[str]:
-    """A class map file: one class name per line, its index the line number (timm's --class-map .txt)."""
+    """A class map file: one class name per line, its index the line number (timm's --class-map .txt);
+    bounded in bytes before it is read and in classes (resmlp.data.records.check_class_names)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"class map {path} does not exist (data.class_map: a text file, one class per line)")
     if path.stat().st_size > MAX_CLASS_MAP_BYTES:
         raise DataError(f"class map {path} is larger than {MAX_CLASS_MAP_BYTES} bytes; it holds one class per line")
-    lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
-    names = [line.split()[0] for line in lines if line]
-    duplicates = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
-    if not names or duplicates:
-        raise DataError(f"class map {path}: expected one distinct class name per line, got "
-                        + (f"{', '.join(duplicates[:5])} more than once" if duplicates else "no names"))
-    return names
+    text = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a BOM is not part of the first name
+    if text.count("\n") > MAX_CLASSES + MAX_BLANK_LINES:  # before splitting: a file of newlines is millions of strs
+        raise DataError(f"class map {path} has more than {MAX_CLASSES:,} lines; it holds one class per line")
+    return check_class_names([line.split()[0] for line in text.splitlines() if line.strip()], f"class map {path}")
 
 
 def split_records(split_dir: Path, root: Path, split: str, classes: list[str], mapped: bool,
@@ -205,35 +214,45 @@ def label_class_files(split_dir: str, split: str, files_by_class: dict[str, list
 
 def cached_records(split_dir: Path, root: Path, split: str, classes: list[str], mapped: bool,
                    cache: Path) -> FileRecords:
-    """split_records, kept in `cache` (the run's folder) between starts of a run: valid while every folder
-    listed keeps its modification time (a file added, removed or renamed changes its folder's), so a restart
-    reads one stat per folder instead of listing them again."""
-    key = hashlib.sha256(f"{split_dir.resolve()}\0{classes}".encode()).hexdigest()[:16]
-    path = cache / "data_index" / f"{split}-{key}.npz"
-    try:
-        with np.load(path) as saved:
-            folders = PackedNames(saved["folder_buffer"], saved["folder_offsets"])
-            mtimes = [os.stat(split_dir / folders[i]).st_mtime_ns for i in range(len(folders))]
-            names, labels = PackedNames(saved["buffer"], saved["offsets"]), saved["labels"]
-            consistent = len(names) == len(labels) and (not len(labels) or 0 <= labels.min() <= labels.max()
-                                                        < len(classes))
-            if consistent and np.array_equal(np.asarray(mtimes, dtype=np.int64), saved["mtimes"]):
-                return FileRecords(split_dir, names, labels, classes)
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # no cache, a folder gone, damage: list
-        pass
+    """split_records, kept in `cache`/data_index/ (resmlp.data.sources.index_cache) between starts of a run:
+    valid while every folder listed keeps its modification time (a file added, removed or renamed changes its
+    folder's), so a restart reads one stat per folder instead of listing them again. Cached names and labels
+    are checked before use (relative names inside the split, labels in range); a cache failing them is ignored."""
+    path = index_path(cache, split, f"{split_dir.resolve()}\0{classes}")
+    saved = load_index(path)
+    if saved is not None:
+        restored = _restore(saved, split_dir, classes)
+        if restored is not None:
+            return restored
     visited: list[str] = [""]
     records = split_records(split_dir, root, split, classes, mapped, visited)
     folders = PackedNames.pack(visited)
     mtimes = np.asarray([os.stat(split_dir / f).st_mtime_ns for f in visited], dtype=np.int64)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, buffer=records.names.buffer, offsets=records.names.offsets, labels=records.labels,
-                 folder_buffer=folders.buffer, folder_offsets=folders.offsets, mtimes=mtimes)
-        os.replace(tmp, path)
-    except OSError:  # a read-only run folder: no cache, the listing stands
-        pass
+    save_index(path, {"buffer": records.names.buffer, "offsets": records.names.offsets, "labels": records.labels,
+                      "folder_buffer": folders.buffer, "folder_offsets": folders.offsets, "mtimes": mtimes})
     return records
+
+
+def _restore(saved: dict[str, np.ndarray], split_dir: Path, classes: list[str]) -> FileRecords | None:
+    """The cached records, if the cache is well formed, its names safe, its labels in range and every listed
+    folder unchanged; else None (list again)."""
+    try:
+        names = PackedNames(saved["buffer"], saved["offsets"])
+        folders = PackedNames(saved["folder_buffer"], saved["folder_offsets"])
+        labels, mtimes = saved["labels"], saved["mtimes"]
+    except KeyError:
+        return None
+    if not (safe_names(names.buffer, names.offsets) and safe_names(folders.buffer, folders.offsets)):
+        return None
+    if labels.dtype != np.int64 or len(labels) != len(names) or len(mtimes) != len(folders):
+        return None
+    if len(labels) and not 0 <= labels.min() <= labels.max() < len(classes):
+        return None
+    try:
+        now = [os.stat(split_dir / folders[i]).st_mtime_ns for i in range(len(folders))]
+    except OSError:  # a folder gone
+        return None
+    return FileRecords(split_dir, names, labels, classes) if np.array_equal(now, mtimes) else None
 
 
 def _ground_truth_records(split_dir: Path, root: Path, split: str, classes: list[str]) -> FileRecords:
@@ -274,32 +293,65 @@ def _find_ground_truth(split_dir: Path, root: Path, split: str) -> Path | None:
 def _read_ground_truth(path: Path, classes: list[str]) -> dict[str, int]:
     """{image name or stem: class index} from a Kaggle solution CSV or a `name label` text file."""
     if path.stat().st_size > MAX_GROUND_TRUTH_BYTES:
-        raise DataError(f"{path} is larger than {MAX_GROUND_TRUTH_BYTES} bytes; a ground-truth file is a few MB")
-    return parse_ground_truth(path.read_text(encoding="utf-8", errors="replace"), path.suffix == ".csv", str(path),
-                              classes)
+        raise DataError(f"{path} is larger than {MAX_GROUND_TRUTH_BYTES} bytes; a ground-truth file has one short "
+                        "line per image")
+    return parse_ground_truth(decode_ground_truth(path.read_bytes()), path.suffix == ".csv", str(path), classes)
+
+
+def decode_ground_truth(data: bytes) -> str:
+    """A ground-truth file's text: UTF-8, a byte-order mark dropped (Windows editors write one, and it would
+    otherwise become part of the first image's name)."""
+    return data.decode("utf-8-sig", errors="replace")
 
 
 def parse_ground_truth(text: str, solution_csv: bool, what: str, classes: list[str]) -> dict[str, int]:
     """{image name or stem: class index} from the text of a Kaggle solution CSV (`solution_csv`) or of a
-    `name label` file named `what`."""
+    `name label` file named `what`. Every refusal is one line naming `what` and the line: too many lines
+    (counted before any is split), a malformed line, a label that is neither a class nor an index, one image
+    given two different labels."""
+    lines = text.count("\n") + 1
+    if lines > MAX_GROUND_TRUTH_LINES:
+        raise DataError(f"{what} has {lines:,} lines, more than the {MAX_GROUND_TRUTH_LINES:,} images a dataset "
+                        "folder may hold; a ground-truth file has one line per image")
     index = {name: i for i, name in enumerate(classes)}
-    if solution_csv:
-        rows = list(csv.reader(text.splitlines()))
-        if not rows or [c.strip() for c in rows[0][:2]] != ["ImageId", "PredictionString"]:
-            raise DataError(f"{what} is not an ILSVRC solution file: expected the header ImageId,PredictionString")
-        pairs = [(row[0].strip(), (row[1].split() or [""])[0]) for row in rows[1:] if len(row) >= 2]
-    else:
-        pairs = [tuple(line.split()[:2]) for line in text.splitlines() if line.strip()]
-        bad = next((p for p in pairs if len(p) != 2), None)
-        if bad is not None:
-            raise DataError(f"{what}: line {' '.join(bad)!r} is not `name label`")
-    truth = {}
-    for name, label in pairs:
-        if label in index:
-            truth[name] = index[label]
-        elif label.isdigit() and int(label) < len(classes):
-            truth[name] = int(label)
-        else:
-            raise DataError(f"{what}: label {label!r} of {name} is neither one of the {len(classes)} classes nor an "
-                            f"index below {len(classes)}; the ground truth and the class list disagree")
+    truth: dict[str, int] = {}
+    for line, name, label in _ground_truth_rows(text, solution_csv, what):
+        found = _class_index(label, index, len(classes))
+        if found is None:
+            raise DataError(f"{what}, line {line}: label {label[:40]!r} of {name[:80]} is neither one of the "
+                            f"{len(classes)} classes nor an index below {len(classes)}; the ground truth and the "
+                            "class list disagree")
+        if truth.setdefault(name, found) != found:
+            raise DataError(f"{what}, line {line}: {name[:80]} is labelled {classes[found]} here but "
+                            f"{classes[truth[name]]} on an earlier line; each image needs one label")
     return truth
+
+
+def _ground_truth_rows(text: str, solution_csv: bool, what: str) -> Iterator[tuple[int, str, str]]:
+    """(line number, image name, label) of each non-blank row, read line by line (no list of every line)."""
+    if solution_csv:
+        reader = csv.reader(io.StringIO(text))
+        header = next(reader, [])
+        if [c.strip() for c in header[:2]] != ["ImageId", "PredictionString"]:
+            raise DataError(f"{what} is not an ILSVRC solution file: expected the header ImageId,PredictionString")
+        for row in reader:
+            if len(row) >= 2:
+                yield reader.line_num, row[0].strip(), (row[1].split() or [""])[0]
+        return
+    for line, text_line in enumerate(io.StringIO(text), 1):
+        fields = text_line.split()
+        if not fields:
+            continue
+        if len(fields) < 2:
+            raise DataError(f"{what}, line {line}: {text_line.strip()[:80]!r} is not `name label`")
+        yield line, fields[0], fields[1]
+
+
+def _class_index(label: str, index: dict[str, int], count: int) -> int | None:
+    """A label's class index: a class name, or a decimal index below `count` (ASCII digits only: `²` and `٣`
+    are digits to str.isdigit but not to int)."""
+    if label in index:
+        return index[label]
+    if label.isascii() and label.isdigit() and len(label) <= 9 and int(label) < count:
+        return int(label)
+    return None
