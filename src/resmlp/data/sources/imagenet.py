@@ -309,7 +309,7 @@ def parse_ground_truth(text: str, solution_csv: bool, what: str, classes: list[s
     `name label` file named `what`. Every refusal is one line naming `what` and the line: too many lines
     (counted before any is split), a malformed line, a label that is neither a class nor an index, one image
     given two different labels."""
-    lines = text.count("\n") + 1
+    lines = text.count("\n") + (not text.endswith("\n"))
     if lines > MAX_GROUND_TRUTH_LINES:
         raise DataError(f"{what} has {lines:,} lines, more than the {MAX_GROUND_TRUTH_LINES:,} images a dataset "
                         "folder may hold; a ground-truth file has one line per image")
