@@ -4,7 +4,10 @@ One grammar names a source (`data.source` in a recipe, `--data` on the command l
 
     folder:DIR        DIR/{train,val,test}/<class>/<image> (and ImageNet's own layouts,
                       resmlp.data.sources.imagenet)
-    folder:FILE.tar   an uncompressed tar of such a folder, read in place (resmlp.data.sources.imagenet_tar)
+    folder:FILE.tar   an uncompressed tar of such a folder, or ImageNet's ILSVRC2012_img_train.tar (a tar of
+                      class tars), read in place (resmlp.data.sources.imagenet_tar)
+    folder:DIR        DIR holding ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and LOC_val_solution.csv
+                      (or val.txt) as downloaded: read in place too
     wds:PATTERN       WebDataset tar shards (resmlp.data.sources.wds); `{split}` in PATTERN names the split
     hf:DIR            a Hugging Face dataset saved with `datasets` (save_to_disk) or parquet files
                       (resmlp.data.sources.hf)
@@ -61,10 +64,11 @@ def open_source(spec: SourceSpec | str, **options: Any) -> Source:
     """The source `spec` names. options: in_chans-independent knobs of some kinds (synthetic_size,
     synthetic_classes, img_size, seed for synthetic; class_map for folders; index_cache for folders)."""
     spec = parse_source(spec) if isinstance(spec, str) else spec
-    if spec.kind == "folder" and Path(spec.arg).is_file():  # a tar of the folder
-        from resmlp.data.sources.imagenet_tar import tar_source
+    if spec.kind == "folder":  # a tar of the folder, or ImageNet's downloads in a folder
+        from resmlp.data.sources.imagenet_tar import reads_in_place, tar_source
 
-        return tar_source(spec, class_map=options.get("class_map"))
+        if reads_in_place(Path(spec.arg)):
+            return tar_source(spec, class_map=options.get("class_map"), index_cache=options.get("index_cache"))
     if spec.kind == "folder":
         from resmlp.data.sources.imagenet import folder_source
 

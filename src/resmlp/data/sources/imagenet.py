@@ -266,7 +266,7 @@ def _ground_truth_records(split_dir: Path, root: Path, split: str, classes: list
         raise DataError(f"{split_dir} holds {len(files)} images but no class folders and no ground-truth file: add "
                         f"{root}/LOC_{split_dir.name}_solution.csv or {root}/{split_dir.name}.txt (`name label` per "
                         f"line), or sort the images into {split_dir}/<class>/")
-    names, labels = label_flat_files(files, _read_ground_truth(truth_file, classes), str(truth_file), str(split_dir))
+    names, labels = label_flat_files(files, read_ground_truth(truth_file, classes), str(truth_file), str(split_dir))
     return FileRecords(split_dir, PackedNames.pack(names), labels, classes)
 
 
@@ -290,7 +290,7 @@ def _find_ground_truth(split_dir: Path, root: Path, split: str) -> Path | None:
     return None
 
 
-def _read_ground_truth(path: Path, classes: list[str]) -> dict[str, int]:
+def read_ground_truth(path: Path, classes: list[str]) -> dict[str, int]:
     """{image name or stem: class index} from a Kaggle solution CSV or a `name label` text file."""
     if path.stat().st_size > MAX_GROUND_TRUTH_BYTES:
         raise DataError(f"{path} is larger than {MAX_GROUND_TRUTH_BYTES} bytes; a ground-truth file has one short "

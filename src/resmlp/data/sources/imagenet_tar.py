@@ -27,30 +27,41 @@ from __future__ import annotations
 
 import os
 import tarfile
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from resmlp.data.images import MAX_IMAGE_FILE_BYTES
-from resmlp.data.records import MapRecords, Source, SourceSpec
+from resmlp.data.records import MapRecords, Source, SourceSpec, check_class_names
 from resmlp.data.sources.imagenet import (
     MAX_GROUND_TRUTH_BYTES,
     SPLIT_NAMES,
     PackedNames,
+    decode_ground_truth,
     is_image_name,
     label_class_files,
     label_flat_files,
     parse_ground_truth,
     read_class_map,
+    read_ground_truth,
+    split_folders,
     split_names,
 )
+from resmlp.data.sources.index_cache import index_path, load_index, save_index
+from resmlp.data.sources.tar_listing import TarListing, listing_arrays, restore_listing
 from resmlp.data.sources.walk import MAX_WALK_ENTRIES
 from resmlp.errors import DataError
 
 # magic numbers of the compressions tarfile could open but not at an offset: gzip, bzip2, xz, zstd
 COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 BLOCK = tarfile.BLOCKSIZE
+# ImageNet's downloads, by split (image-net.org's ILSVRC2012 file names); Kaggle's class list in their order
+DOWNLOADS = {"train": "ILSVRC2012_img_train.tar", "val": "ILSVRC2012_img_val.tar"}
+SYNSET_MAPPING = "LOC_synset_mapping.txt"
+GROUND_TRUTH_FILES = ("LOC_val_solution.csv", "val.txt")
+MAX_MEMBER_NAME_CHARS = 4096  # PATH_MAX on Linux: no extracted file could have a longer name
+MAX_MEMBER_DEPTH = 64  # folders deep; ImageNet's names are 2-3 deep (train/<class>/<image>)
 
 
 class TarRecords(MapRecords):
@@ -99,20 +110,13 @@ class TarRecords(MapRecords):
             os.close(self._fd)
 
 
-@dataclass
-class TarListing:
-    """The members of a tar, its top-level folder stripped: {name: (offset, size)} of regular files, and the
-    folders (directory members, and every file's parent folders)."""
-
-    files: dict[str, tuple[int, int]] = field(default_factory=dict)
-    folders: set[str] = field(default_factory=set)
-    prefix: str = ""
-
-
-def tar_source(spec: SourceSpec, class_map: str | None = None) -> Source:
-    """The splits inside the tar `spec.arg` (see the module doc), listed now, read when asked for."""
+def tar_source(spec: SourceSpec, class_map: str | None = None, index_cache: str | Path | None = None) -> Source:
+    """The splits inside the tar `spec.arg` (see the module doc), listed now (or read from `index_cache`), read
+    when asked for."""
     tar = str(spec.arg)
-    listing = list_tar(tar)
+    if os.path.isdir(tar):
+        return downloads_source(spec, class_map, index_cache)
+    listing = list_tar(tar, index_cache)
     tops = {name.split("/")[0] for name in listing.folders if "/" not in name}
     splits = split_names(tops, tar)
     if not splits:
@@ -123,7 +127,7 @@ def tar_source(spec: SourceSpec, class_map: str | None = None) -> Source:
     def class_names() -> list[str]:
         if not classes:
             first = splits.get("train") or next(iter(splits.values()))
-            classes.extend(read_class_map(class_map) if class_map else _class_folders(listing, first))
+            classes.extend(read_class_map(class_map) if class_map else _checked_class_folders(tar, listing, first))
             if not classes:
                 raise ValueError(f"{tar}: {listing.prefix}{first}/ has no class sub-folders; expected members "
                                  f"{listing.prefix}{first}/<class>/<image>.JPEG")
@@ -135,8 +139,89 @@ def tar_source(spec: SourceSpec, class_map: str | None = None) -> Source:
     return Source(spec, {split: (lambda s=split: records(s)) for split in splits})
 
 
-def list_tar(tar: str) -> TarListing:
-    """One pass over the tar's headers; DataError (one line) for a compressed, truncated or hostile archive."""
+def reads_in_place(path: Path) -> bool:
+    """Whether `folder:PATH` is read from tars by this module: a tar, or a folder with ImageNet's downloads
+    (ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar) and no split folders."""
+    if path.is_file():
+        return True
+    return path.is_dir() and not split_folders(path) and any((path / name).is_file() for name in DOWNLOADS.values())
+
+
+def downloads_source(spec: SourceSpec, class_map: str | None = None,
+                     index_cache: str | Path | None = None) -> Source:
+    """`folder:DIR`, DIR holding ImageNet's downloads as they ship: ILSVRC2012_img_train.tar (a tar of class
+    tars) and ILSVRC2012_img_val.tar (the flat images) with their ground truth beside them
+    (LOC_val_solution.csv or val.txt). Each split is listed when first read (from `index_cache` when the tar is
+    unchanged). Classes: the class map, else Kaggle's LOC_synset_mapping.txt in DIR, else the training tar's
+    class tars, sorted: the extracted folder's classes in every case."""
+    root = Path(spec.arg)
+    present = {split: root / name for split, name in DOWNLOADS.items() if (root / name).is_file()}
+    listings: dict[str, TarListing] = {}
+    classes: list[str] = []
+
+    def listing(split: str) -> TarListing:
+        if split not in listings:
+            listings[split] = _as_split(list_tar(str(present[split]), index_cache), split)
+        return listings[split]
+
+    def class_names() -> list[str]:
+        if not classes:
+            mapping = class_map or ((root / SYNSET_MAPPING) if (root / SYNSET_MAPPING).is_file() else None)
+            if mapping is None and "train" not in present:
+                raise DataError(f"{root} has {DOWNLOADS['val']} but neither {DOWNLOADS['train']} nor "
+                                f"{SYNSET_MAPPING} to name the classes; add one, or give data.class_map")
+            classes.extend(read_class_map(mapping) if mapping else
+                           _checked_class_folders(str(present["train"]), listing("train"), "train"))
+        return classes
+
+    def records(split: str) -> TarRecords:
+        truth = None if split == "train" else _truth_beside(root, present[split], listing(split))
+        return _split_records(str(present[split]), listing(split), split, split, class_names(),
+                              bool(class_map) or (root / SYNSET_MAPPING).is_file(), truth)
+
+    return Source(spec, {split: (lambda s=split: records(s)) for split in present})
+
+
+def _as_split(listing: TarListing, split: str) -> TarListing:
+    """A download's listing as the split folder `split` (the class tars already are train/<class>/...)."""
+    if split in listing.folders:
+        return listing
+    return TarListing({f"{split}/{name}": where for name, where in listing.files.items()},
+                      {split} | {f"{split}/{name}" for name in listing.folders}, listing.prefix)
+
+
+def _truth_beside(root: Path, tar: Path, listing: TarListing) -> Path | None:
+    """The ground truth of a flat val download: LOC_val_solution.csv or val.txt in DIR (None for class folders)."""
+    if _class_folders(listing, "val"):
+        return None
+    for name in GROUND_TRUTH_FILES:
+        if (root / name).is_file():
+            return root / name
+    raise DataError(f"{tar} holds the flat validation images but {root} has no ground truth: add "
+                    f"{' or '.join(GROUND_TRUTH_FILES)} (Kaggle's LOC_val_solution.csv, or `name label` lines) to it")
+
+
+def list_tar(tar: str, cache: str | Path | None = None) -> TarListing:
+    """The tar's listing (see the module doc), from `cache`/data_index/ when the tar's size and modification
+    time are those it was listed at; else one pass over its headers (and over each class tar's, for
+    ILSVRC2012_img_train.tar's tar of tars), then cached. DataError (one line) for a compressed, truncated or
+    hostile archive."""
+    try:
+        stat = os.stat(tar)
+    except OSError as e:
+        raise DataError(f"cannot read {tar}: {e.strerror or e}") from None
+    path = None if cache is None else index_path(cache, "tar", f"{os.path.realpath(tar)}\0{stat.st_size}\0"
+                                                 f"{stat.st_mtime_ns}")
+    cached = None if path is None else restore_listing(load_index(path), stat.st_size)
+    if cached is not None:
+        return cached
+    listing = _read_listing(tar)
+    if path is not None:
+        save_index(path, listing_arrays(listing))
+    return listing
+
+
+def _read_listing(tar: str) -> TarListing:
     try:
         with open(tar, "rb") as file:
             magic = file.read(6)
@@ -144,8 +229,9 @@ def list_tar(tar: str) -> TarListing:
             if kind:
                 raise DataError(f"{tar} is {kind}-compressed; its images are read at their offsets, so it must be "
                                 f"a plain tar: decompress it first (e.g. {'gunzip' if kind == 'gzip' else kind} -d)")
-            file.seek(0)
-            return _members(tar, file, os.fstat(file.fileno()).st_size)
+            size = os.fstat(file.fileno()).st_size
+            listing = _strip_top_folder(_members(tar, file, 0, size))
+            return _class_tars_inside(tar, file, listing) if is_tar_of_class_tars(listing) else listing
     except tarfile.TarError as e:
         raise DataError(f"{tar} is not a readable tar ({e}): folder: takes a folder or an uncompressed tar of one; "
                         "a truncated tar reads so too (make it again: tar cf)") from None
@@ -153,33 +239,83 @@ def list_tar(tar: str) -> TarListing:
         raise DataError(f"cannot read {tar}: {e.strerror or e}") from None
 
 
-def _members(tar: str, file: Any, size: int) -> TarListing:
+def _members(tar: str, file: Any, start: int, end: int, within: str = "") -> TarListing:
+    """The members of the tar at bytes [start, end) of `file` (the whole file, or a member tar `within` it)."""
+    file.seek(start)
     archive = tarfile.open(fileobj=file, mode="r:")  # noqa: SIM115 (the caller closes `file`, all it holds)
     listing, links = TarListing(), []
-    while (member := archive.next()) is not None:
+    where = f"{tar}:{within}" if within else tar
+    while (member := _next_member(archive, where, end)) is not None:
         archive.members.clear()  # tarfile keeps every TarInfo otherwise: 1.28 M objects at ImageNet's size
         if len(listing.files) + len(listing.folders) > MAX_WALK_ENTRIES:
-            raise DataError(f"{tar} holds more than {MAX_WALK_ENTRIES} members; it is not one dataset")
-        name = _safe_name(tar, member.name)
+            raise DataError(f"{where} holds more than {MAX_WALK_ENTRIES} members; it is not one dataset")
+        name = _safe_name(where, member.name)
+        if member.sparse is not None or any(key.startswith("GNU.sparse.") for key in member.pax_headers):
+            raise DataError(f"{where}: member {name} is a GNU sparse file, whose bytes are not stored in one piece; "
+                            "make the tar without --sparse (-S)")
         if member.isreg():
-            if member.offset_data + member.size > size:
-                raise DataError(f"{tar} is truncated: member {name} ends at byte {member.offset_data + member.size} "
-                                f"of a {size}-byte file; copy or make the tar again")
+            if member.offset_data + member.size > end:
+                raise DataError(f"{where} is truncated: member {name} ends at byte {member.offset_data + member.size}"
+                                f" of a {end - start}-byte {'member tar' if within else 'file'}; copy or make the tar "
+                                "again")
             listing.files[name] = (member.offset_data, member.size)  # a later member of one name wins, as extracted
             _add_folders(listing.folders, name.rpartition("/")[0])
         elif member.isdir():
             _add_folders(listing.folders, name)
-        elif is_image_name(name):
+        else:
             links.append(name)
     file.seek(archive.offset)
-    if file.read(BLOCK) != bytes(BLOCK):  # tarfile stops quietly at a cut header; a whole tar ends in zero blocks
-        raise DataError(f"{tar} is truncated: it ends without the end-of-archive block after its last whole member "
-                        f"(at byte {archive.offset}); copy or make the tar again")
-    if links:
-        raise DataError(f"{tar}: member {links[0]} (and {len(links) - 1} more) is a link, device or FIFO, not an "
-                        "image file; a tar is read as regular files only: make it with links dereferenced "
-                        "(tar -h --hard-dereference)")
-    return _strip_top_folder(listing)
+    if archive.offset + BLOCK > end or file.read(BLOCK) != bytes(BLOCK):  # tarfile stops quietly at a cut header
+        raise DataError(f"{where} is truncated: it ends without the end-of-archive block after its last whole member "
+                        f"(at byte {archive.offset - start}); copy or make the tar again")
+    _refuse_links(where, links, listing)
+    return listing
+
+
+def _next_member(archive: tarfile.TarFile, where: str, end: int) -> tarfile.TarInfo | None:
+    """The next member, its name bounded before anything splits it (a 60,000-component name is refused, not
+    expanded into 60,000 folders), and never past `end` (a member tar's headers stop at its own end)."""
+    if archive.offset >= end:
+        return None
+    member = archive.next()
+    if member is not None and member.offset >= end:
+        return None
+    if member is not None and (len(member.name) > MAX_MEMBER_NAME_CHARS or
+                               member.name.count("/") >= MAX_MEMBER_DEPTH):
+        raise DataError(f"{where}: member {member.name[:60]!r}... has a name of {len(member.name):,} characters and "
+                        f"{member.name.count('/') + 1:,} components; a dataset's names are under "
+                        f"{MAX_MEMBER_NAME_CHARS} characters and {MAX_MEMBER_DEPTH} folders deep")
+    return member
+
+
+def _refuse_links(where: str, links: list[str], listing: TarListing) -> None:
+    """Links, devices and FIFOs are never followed: one where an image, a folder or a class folder would be
+    (a name without a suffix) is refused in one line; others (a README link) are ignored."""
+    refused = [name for name in links if is_image_name(name) or name in listing.folders
+               or "." not in name.rpartition("/")[2]]
+    if refused:
+        raise DataError(f"{where}: member {refused[0]} (and {len(refused) - 1} more) is a link, device or FIFO, not "
+                        "an image file or folder; a tar is read as regular files and folders only: make it with "
+                        "links dereferenced (tar -h --hard-dereference)")
+
+
+def is_tar_of_class_tars(listing: TarListing) -> bool:
+    """Whether the listing is ILSVRC2012_img_train.tar's: only `<class>.tar` files, no folders (split_names
+    finds no split in it)."""
+    return bool(listing.files) and not listing.folders and all(name.endswith(".tar") for name in listing.files)
+
+
+def _class_tars_inside(tar: str, file: Any, outer: TarListing) -> TarListing:
+    """ImageNet's training download, `<class>.tar` members each a tar of that class's images, listed as the
+    extracted folder `train/<class>/<image>` is, the offsets those of the images inside the outer file."""
+    listing = TarListing(folders={"train"})
+    for class_tar, (offset, size) in sorted(outer.files.items()):
+        inner = _members(tar, file, offset, offset + size, within=class_tar)
+        folder = "train/" + class_tar[:-len(".tar")]
+        listing.folders.add(folder)
+        listing.folders.update(f"{folder}/{name}" for name in inner.folders)
+        listing.files.update((f"{folder}/{name}", where) for name, where in inner.files.items())
+    return listing
 
 
 def _safe_name(tar: str, name: str) -> str:
@@ -210,6 +346,12 @@ def _strip_top_folder(listing: TarListing) -> TarListing:
                       {name[cut:] for name in listing.folders if name.startswith(top)}, top)
 
 
+def _checked_class_folders(tar: str, listing: TarListing, split_dir: str) -> list[str]:
+    """The class folders of a split inside the tar, bounded as every class list (check_class_names)."""
+    found = _class_folders(listing, split_dir)
+    return check_class_names(found, f"{tar}:{listing.prefix}{split_dir}/") if found else found
+
+
 def _class_folders(listing: TarListing, split_dir: str) -> list[str]:
     inside = split_dir + "/"
     return sorted({name[len(inside):] for name in listing.folders
@@ -222,7 +364,9 @@ def _torchvision_order(names: list[str]) -> list[str]:
 
 
 def _split_records(tar: str, listing: TarListing, split: str, split_dir: str, classes: list[str],
-                   mapped: bool) -> TarRecords:
+                   mapped: bool, truth_file: Path | None = None) -> TarRecords:
+    """The records of one split folder inside the tar: class folders, or flat images labelled by the ground
+    truth inside the tar or, when given, by `truth_file` beside it (ImageNet's val download)."""
     inside = split_dir + "/"
     present = _class_folders(listing, split_dir)
     where = f"{tar}:{listing.prefix}{split_dir}"
@@ -237,8 +381,9 @@ def _split_records(tar: str, listing: TarListing, split: str, split_dir: str, cl
     else:
         files = sorted(name[len(inside):] for name in listing.files
                        if name.startswith(inside) and "/" not in name[len(inside):] and is_image_name(name))
-        names, labels = label_flat_files(files, _ground_truth(tar, listing, split, split_dir, classes, files),
-                                         f"the ground truth of {where}", where)
+        truth = (read_ground_truth(truth_file, classes) if truth_file is not None
+                 else _ground_truth(tar, listing, split, split_dir, classes, files))
+        names, labels = label_flat_files(files, truth, str(truth_file or f"the ground truth of {where}"), where)
     where_of = [listing.files[inside + name] for name in names]
     return TarRecords(tar, listing.prefix + inside, PackedNames.pack(names), np.asarray([o for o, _ in where_of]),
                       np.asarray([s for _, s in where_of]), labels, classes)
@@ -258,7 +403,7 @@ def _ground_truth(tar: str, listing: TarListing, split: str, split_dir: str, cla
                         raise DataError(f"{what} is larger than {MAX_GROUND_TRUTH_BYTES} bytes; a ground-truth file "
                                         "is a few MB")
                     with open(tar, "rb") as file:
-                        text = os.pread(file.fileno(), size, offset).decode("utf-8", errors="replace")
+                        text = decode_ground_truth(os.pread(file.fileno(), size, offset))
                     return parse_ground_truth(text, candidate.endswith(".csv"), what, classes)
     where = f"{tar}:{listing.prefix}{split_dir}"
     if not files:
