@@ -208,3 +208,119 @@ def test_the_cli_refuses_a_hostile_tar_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and "outside the archive" in err[0] and "Traceback" not in err[0]
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def _tar_of(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _imagenet_downloads(root: Path) -> Path:
+    """ImageNet as it ships, in miniature: ILSVRC2012_img_train.tar (one tar per class, flat JPEGs),
+    ILSVRC2012_img_val.tar (flat JPEGs) and LOC_val_solution.csv beside them."""
+    root.mkdir()
+    class_tars = {}
+    for label, cls in enumerate(CLASSES):
+        inner = _tar_of(root / f"{cls}.tar", {f"{cls}_{i}.JPEG": _jpeg(100 * label + i) for i in (3, 1, 2)})
+        class_tars[f"{cls}.tar"] = inner.read_bytes()
+        inner.unlink()
+    _tar_of(root / "ILSVRC2012_img_train.tar", dict(reversed(class_tars.items())))  # any member order
+    _tar_of(root / "ILSVRC2012_img_val.tar", {f"ILSVRC2012_val_{i:08d}.JPEG": _jpeg(2000 + i) for i in range(4)})
+    (root / "LOC_val_solution.csv").write_text("ImageId,PredictionString\n" + "".join(
+        f"ILSVRC2012_val_{i:08d},{CLASSES[i % 2]} 1 2 3 4\n" for i in range(4)))
+    return root
+
+
+def _extracted(downloads: Path, root: Path) -> Path:
+    """What ImageNet's extraction instructions make of the downloads: train/<class>/, the flat val/."""
+    with tarfile.open(downloads / "ILSVRC2012_img_train.tar") as outer:
+        for member in outer.getmembers():
+            with tarfile.open(fileobj=outer.extractfile(member)) as inner:
+                inner.extractall(root / "train" / member.name[:-4], filter="data")
+    with tarfile.open(downloads / "ILSVRC2012_img_val.tar") as val:
+        val.extractall(root / "val", filter="data")
+    (root / "LOC_val_solution.csv").write_bytes((downloads / "LOC_val_solution.csv").read_bytes())
+    return root
+
+
+def test_imagenets_downloads_read_in_place_give_the_extracted_folders_records(tmp_path):
+    downloads = _imagenet_downloads(tmp_path / "downloads")
+    folder = open_source(f"folder:{_extracted(downloads, tmp_path / 'imagenet')}")
+    for source in (open_source(f"folder:{downloads}"), open_source(str(downloads / "ILSVRC2012_img_train.tar"))):
+        for split in source.splits:
+            want, got = folder.records(split), source.records(split)
+            assert got.class_names == want.class_names == list(CLASSES)
+            assert got.labels.tolist() == want.labels.tolist() and len(got) == len(want) == (6 if split == "train"
+                                                                                            else 4)
+            assert all(got[i][0] == want[i][0] for i in range(len(want)))  # same bytes, same order
+    assert open_source(f"folder:{downloads}").splits == ("train", "val")
+    (downloads / "LOC_val_solution.csv").unlink()
+    with pytest.raises(DataError, match=r"ILSVRC2012_img_val\.tar holds the flat validation images but .* no "
+                                        r"ground truth: add LOC_val_solution\.csv or val\.txt"):
+        open_source(f"folder:{downloads}").records("val")
+
+
+def test_a_tars_listing_is_cached_until_the_tar_changes_and_checked_when_read(tmp_path, monkeypatch):
+    import resmlp.data.sources.imagenet_tar as imagenet_tar
+
+    downloads = _imagenet_downloads(tmp_path / "downloads")
+    run = tmp_path / "run"
+    first = open_source(f"folder:{downloads}", index_cache=run).records("train")
+    assert len(list((run / "data_index").glob("tar-*.npz"))) == 1  # the val tar is listed only when read
+    real = imagenet_tar._read_listing
+    monkeypatch.setattr(imagenet_tar, "_read_listing", lambda tar: pytest.fail(f"{tar} listed again"))
+    cached = open_source(f"folder:{downloads}", index_cache=run).records("train")
+    assert [cached[i] for i in range(len(cached))] == [first[i] for i in range(len(first))]
+    (cache,) = (run / "data_index").glob("tar-*.npz")
+    with np.load(cache) as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    arrays["data_offsets"] = arrays["data_offsets"] + (downloads / "ILSVRC2012_img_train.tar").stat().st_size
+    np.savez(cache, **arrays)  # members past the tar's end: ignored, listed again
+    monkeypatch.setattr(imagenet_tar, "_read_listing", real)
+    again = open_source(f"folder:{downloads}", index_cache=run).records("train")
+    assert [again[i] for i in range(len(again))] == [first[i] for i in range(len(first))]
+    os.utime(downloads / "ILSVRC2012_img_train.tar", ns=(0, 0))
+    listed = []
+    monkeypatch.setattr(imagenet_tar, "_read_listing", lambda tar: listed.append(tar) or real(tar))
+    open_source(f"folder:{downloads}", index_cache=run).records("train")
+    assert listed == [str(downloads / "ILSVRC2012_img_train.tar")]
+
+
+def test_sparse_deep_and_linked_folder_members_are_refused_in_one_line(tmp_path):
+    import time
+
+    image = _jpeg(0)
+    good = {f"train/{c}/{i}.JPEG": image for c in CLASSES for i in range(2)}
+    sparse = tarfile.TarInfo(f"train/{CLASSES[0]}/holes.JPEG")
+    sparse.type, sparse.size = tarfile.GNUTYPE_SPARSE, 0
+    with tarfile.open(_members(tmp_path / "sparse.tar", good), "a", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(sparse)
+    with pytest.raises(DataError, match=r"member train/n01440764/holes\.JPEG is a GNU sparse file"):
+        open_source(f"folder:{tmp_path / 'sparse.tar'}")
+    deep = "train/" + "a/" * 60_000 + "x.JPEG"
+    with tarfile.open(_members(tmp_path / "deep.tar", good), "a", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(deep)
+        info.size = len(image)
+        tar.addfile(info, io.BytesIO(image))
+    started = time.perf_counter()  # unbounded, its 60,000 parent folders are 3.6 G characters
+    with pytest.raises(DataError, match=r"has a name of 120,012 characters and 60,002 components"):
+        open_source(f"folder:{tmp_path / 'deep.tar'}")
+    assert time.perf_counter() - started < 2
+    linked = _members(tmp_path / "linked.tar", good, {"train/n09999999": "/etc"})
+    with pytest.raises(DataError, match=r"member train/n09999999 .*is a link, device or FIFO, not an image file or "
+                                        "folder"):
+        open_source(f"folder:{linked}")
+    readme = _members(tmp_path / "readme.tar", good, {"README.txt": "train/n01440764/0.JPEG"})
+    assert len(open_source(f"folder:{readme}").records("train")) == 4  # a link to no folder is ignored
+
+
+def test_a_class_tar_that_runs_past_its_member_is_refused(tmp_path):
+    inner = _tar_of(tmp_path / "n01.tar", {"a.JPEG": _jpeg(0), "b.JPEG": _jpeg(1)}).read_bytes()
+    cut = inner[:1024 + 512]  # a's header and data, b's header: b's data lies in the outer tar's next member
+    _tar_of(tmp_path / "ILSVRC2012_img_train.tar", {"n01.tar": cut, "n02.tar": inner})
+    with pytest.raises(DataError, match=r"ILSVRC2012_img_train\.tar:n01\.tar is truncated"):
+        open_source(f"folder:{tmp_path / 'ILSVRC2012_img_train.tar'}")
