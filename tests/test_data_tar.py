@@ -136,12 +136,18 @@ class _Opener(torch.utils.data.Dataset):
         return self.records._pid, os.getpid()
 
 
-def test_train_and_eval_from_a_tar(tmp_path):
-    tar = _tar(_folder(tmp_path / "imagenet", raw_val=True), tmp_path / "imagenet.tar", "imagenet")
-    sets = [a for k, v in {**TINY, "data.source": f"folder:{tar}"}.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+@pytest.mark.parametrize("layout", ["tar", "downloads"])
+def test_train_and_eval_from_a_tar(tmp_path, layout):
+    if layout == "tar":
+        tar = _tar(_folder(tmp_path / "imagenet", raw_val=True), tmp_path / "imagenet.tar", "imagenet")
+    else:
+        tar = _imagenet_downloads(tmp_path / "downloads")
+    recipe = {**TINY, "data.source": f"folder:{tar}", "train.batch_size": 8 if layout == "tar" else 4}
+    sets = [a for k, v in recipe.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     assert main(["train", "--recipe", "deit", "--output", str(tmp_path / "run"), *sets]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["validation"] == "the dataset's val split"
+    assert len(list((tmp_path / "run" / "data_index").glob("tar-*.npz"))) == (1 if layout == "tar" else 2)
     assert main(["eval", str(tmp_path / "run"), "--output", str(tmp_path / "eval")]) == 0
     assert json.loads((tmp_path / "eval" / "summary.json").read_text())["images"] == 4
 
