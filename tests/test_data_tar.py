@@ -330,3 +330,10 @@ def test_a_class_tar_that_runs_past_its_member_is_refused(tmp_path):
     _tar_of(tmp_path / "ILSVRC2012_img_train.tar", {"n01.tar": cut, "n02.tar": inner})
     with pytest.raises(DataError, match=r"ILSVRC2012_img_train\.tar:n01\.tar is truncated"):
         open_source(f"folder:{tmp_path / 'ILSVRC2012_img_train.tar'}")
+
+
+def test_the_val_download_alone_names_the_folder_to_give(tmp_path):
+    downloads = _imagenet_downloads(tmp_path / "downloads")
+    with pytest.raises(DataError, match=r"ILSVRC2012_img_val\.tar is ImageNet's validation download .*folder:.*"
+                                        r"downloads$"):
+        open_source(f"folder:{downloads / 'ILSVRC2012_img_val.tar'}")

@@ -6,6 +6,12 @@ The archive holds what `folder:DIR` reads (resmlp.data.sources.imagenet), `DIR` 
 top-level folder (`imagenet/train/...`, as `tar cf imagenet.tar imagenet` makes). Class names, labels and the
 order of the records are those of the extracted folder: the folder source's own functions decide them.
 
+ImageNet's downloads as they ship are read in place too: `ILSVRC2012_img_train.tar` (`folder:FILE.tar`, or a
+`folder:DIR` holding it) is a tar of 1,000 class tars `nXXXXXXXX.tar`, each a tar of that class's JPEGs: it is
+listed as `train/<class>/<image>`, each image's offset that of its bytes inside the class tar inside the outer
+tar. `ILSVRC2012_img_val.tar` (flat JPEGs) in the same `DIR` is the val split, labelled by `LOC_val_solution.csv`
+or `val.txt` beside it (downloads_source).
+
 Python's tarfile lists the members once, one sequential pass over the headers (no extraction); each image's
 name, data offset and size are kept in numpy arrays (shared by DataLoader workers after fork without copying,
 as the folder source's names are), and a record is read with one `os.pread` at its offset through a file
@@ -13,9 +19,14 @@ descriptor each process opens for itself on first use (a descriptor is never sha
 must be uncompressed: a compressed one can't be read at an offset, and is refused in one line.
 
 timm reads tars too (its ImageDataset over a tar); it follows none of the checks below. Here:
-- only regular-file members are records; a symlink, hard link, device or FIFO member where an image would be
-  is refused in one line (its target is never followed), other non-file members are ignored;
-- a member named with `..` or an absolute path is refused (a hostile archive);
+- only regular-file members are records; a symlink, hard link, device or FIFO member where an image or a
+  (class) folder would be is refused in one line (its target is never followed), other non-file members are
+  ignored; a GNU sparse member (its bytes not in one piece) is refused by name;
+- a member named with `..` or an absolute path is refused (a hostile archive), and a name longer than
+  PATH_MAX or deeper than MAX_MEMBER_DEPTH folders before it is split into its folders;
+- a class tar's headers are read within its member only (a truncated one can't run on into the next);
+- the listing is cached in the run's data_index/ (resmlp.data.sources.index_cache), keyed by the tar's path,
+  size and modification time, and checked when read back (resmlp.data.sources.tar_listing);
 - a truncated archive (a member's data past the end, or no end-of-archive block) is refused when listed;
   a member that can't be read later (the file changed) is skipped and counted like an unreadable file;
 - empty class folders, a flat val folder without ground truth, and class lists that disagree are refused as
@@ -119,6 +130,9 @@ def tar_source(spec: SourceSpec, class_map: str | None = None, index_cache: str 
     listing = list_tar(tar, index_cache)
     tops = {name.split("/")[0] for name in listing.folders if "/" not in name}
     splits = split_names(tops, tar)
+    if not splits and os.path.basename(tar) == DOWNLOADS["val"]:
+        raise DataError(f"{tar} is ImageNet's validation download (flat images): name the folder that holds it and "
+                        f"its ground truth (LOC_val_solution.csv or val.txt), folder:{os.path.dirname(tar) or '.'}")
     if not splits:
         raise DataError(f"{tar} has no train/ folder (nor training/, val/, validation/ or test/) inside; expected "
                         "members train/<class>/<image>.JPEG and val/<class>/<image>.JPEG (tar cf x.tar -C DIR .)")
