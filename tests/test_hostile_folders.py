@@ -139,3 +139,14 @@ def test_safe_names_finds_a_parent_component_across_packed_neighbours():
                         (["a/.", "b"], True), (["..."], True)):
         packed = PackedNames.pack(names)
         assert safe_names(packed.buffer, packed.offsets) is safe, names
+
+
+def test_a_run_folder_that_cannot_hold_the_cache_lists_without_one(tmp_path, monkeypatch):
+    import resmlp.data.sources.index_cache as index_cache
+
+    def read_only(folder):
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(index_cache, "guarded_subfolder", read_only)
+    root = _raw_val(tmp_path / "d", "val.txt", "ILSVRC2012_val_00000000.JPEG 0\nILSVRC2012_val_00000001.JPEG 1\n")
+    assert len(open_source(f"folder:{root}", index_cache=tmp_path / "run").records("train")) == 2

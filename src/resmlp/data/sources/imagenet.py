@@ -219,6 +219,8 @@ def cached_records(split_dir: Path, root: Path, split: str, classes: list[str], 
     folder's), so a restart reads one stat per folder instead of listing them again. Cached names and labels
     are checked before use (relative names inside the split, labels in range); a cache failing them is ignored."""
     path = index_path(cache, split, f"{split_dir.resolve()}\0{classes}")
+    if path is None:  # a folder that can't hold a cache: list
+        return split_records(split_dir, root, split, classes, mapped)
     saved = load_index(path)
     if saved is not None:
         restored = _restore(saved, split_dir, classes)

@@ -22,17 +22,24 @@ from pathlib import Path
 
 import numpy as np
 
+from resmlp.errors import OutputError
 from resmlp.fileio import atomic_write, guarded_subfolder
 
 CACHE_FOLDER = "data_index"
 _PARENT_COMPONENT = re.compile(rb"(?=\.\.)")  # overlapping: `x.` then `../y` packed is `x.../y`
 
 
-def index_path(cache: str | Path, stem: str, key: str) -> Path:
+def index_path(cache: str | Path, stem: str, key: str) -> Path | None:
     """The cache file of `stem` (a split, a tar's name) under the identity `key`, in `cache`/data_index/ (made
-    here; OutputError if it is a symlink or a file)."""
+    here; OutputError if it is a symlink or a file); None where the folder can't be made (read-only: no cache)."""
     digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return guarded_subfolder(Path(cache) / CACHE_FOLDER) / f"{stem}-{digest}.npz"
+    try:
+        folder = guarded_subfolder(Path(cache) / CACHE_FOLDER)
+    except OutputError:
+        raise
+    except OSError:
+        return None
+    return folder / f"{stem}-{digest}.npz"
 
 
 def load_index(path: Path) -> dict[str, np.ndarray] | None:
