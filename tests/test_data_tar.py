@@ -296,17 +296,32 @@ def test_a_tars_listing_is_cached_until_the_tar_changes_and_checked_when_read(tm
     assert listed == [str(downloads / "ILSVRC2012_img_train.tar")]
 
 
-def test_sparse_deep_and_linked_folder_members_are_refused_in_one_line(tmp_path):
-    import time
+def _good() -> dict[str, bytes]:
+    return {f"train/{c}/{i}.JPEG": _jpeg(0) for c in CLASSES for i in range(2)}
 
-    image = _jpeg(0)
-    good = {f"train/{c}/{i}.JPEG": image for c in CLASSES for i in range(2)}
+
+def test_sparse_members_are_refused_by_name(tmp_path):
+    good = _good()
     sparse = tarfile.TarInfo(f"train/{CLASSES[0]}/holes.JPEG")
     sparse.type, sparse.size = tarfile.GNUTYPE_SPARSE, 0
     with tarfile.open(_members(tmp_path / "sparse.tar", good), "a", format=tarfile.GNU_FORMAT) as tar:
         tar.addfile(sparse)
     with pytest.raises(DataError, match=r"member train/n01440764/holes\.JPEG is a GNU sparse file"):
         open_source(f"folder:{tmp_path / 'sparse.tar'}")
+    mapped = b"1\n0\n5\n".ljust(512, b"\0") + b"hello"  # pax sparse 1.0: a map, then the fragments
+    pax = tarfile.TarInfo(f"train/{CLASSES[1]}/holes.JPEG")
+    pax.size = len(mapped)
+    pax.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.realsize": "5"}
+    with tarfile.open(_members(tmp_path / "pax.tar", good), "a", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(pax, io.BytesIO(mapped))
+    with pytest.raises(DataError, match=r"member train/n01443537/holes\.JPEG is a GNU sparse file"):
+        open_source(f"folder:{tmp_path / 'pax.tar'}")
+
+
+def test_a_name_60000_folders_deep_is_refused_before_it_is_split(tmp_path):
+    import time
+
+    good, image = _good(), _jpeg(0)
     deep = "train/" + "a/" * 60_000 + "x.JPEG"
     with tarfile.open(_members(tmp_path / "deep.tar", good), "a", format=tarfile.PAX_FORMAT) as tar:
         info = tarfile.TarInfo(deep)
@@ -316,6 +331,10 @@ def test_sparse_deep_and_linked_folder_members_are_refused_in_one_line(tmp_path)
     with pytest.raises(DataError, match=r"has a name of 120,012 characters and 60,002 components"):
         open_source(f"folder:{tmp_path / 'deep.tar'}")
     assert time.perf_counter() - started < 2
+
+
+def test_a_linked_class_folder_is_refused_and_other_links_ignored(tmp_path):
+    good = _good()
     linked = _members(tmp_path / "linked.tar", good, {"train/n09999999": "/etc"})
     with pytest.raises(DataError, match=r"member train/n09999999 .*is a link, device or FIFO, not an image file or "
                                         "folder"):
