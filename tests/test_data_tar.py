@@ -356,3 +356,11 @@ def test_the_val_download_alone_names_the_folder_to_give(tmp_path):
     with pytest.raises(DataError, match=r"ILSVRC2012_img_val\.tar is ImageNet's validation download .*folder:.*"
                                         r"downloads$"):
         open_source(f"folder:{downloads / 'ILSVRC2012_img_val.tar'}")
+
+
+def test_ground_truth_inside_a_tar_is_checked_as_a_folders_is(tmp_path):
+    truth = "\ufeffILSVRC2012_val_00000001.JPEG 1\nILSVRC2012_val_00000001.JPEG 0\n".encode()
+    tar = _members(tmp_path / "raw.tar", {**_good(), "val/ILSVRC2012_val_00000001.JPEG": _jpeg(1), "val.txt": truth})
+    with pytest.raises(DataError, match=r"raw\.tar:val\.txt, line 2: ILSVRC2012_val_00000001\.JPEG is labelled "
+                                        r"n01440764 here but n01443537 on an earlier line"):
+        open_source(f"folder:{tar}").records("val")
