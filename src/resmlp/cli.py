@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = formatwarning
 
 
+LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "SLURM_NTASKS",
+                    "SLURM_NNODES", "SLURM_PROCID", "SLURM_LOCALID")
+
+
 def _check_environment() -> None:
     """The settings the environment gives every command, checked once before any runs: read later, inside a
     data loader's worker, a bad value would be a traceback from that worker."""
@@ -83,6 +87,10 @@ def _check_environment() -> None:
         from resmlp.data.images import max_image_pixels
 
         max_image_pixels()
+    if any(name in os.environ for name in LAUNCH_VARIABLES):  # runtime imports torch: only when there is one
+        from resmlp.runtime import check_launch_environment
+
+        check_launch_environment()
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
