@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A user's mistake (bad input, full disk, locked folder...) prints one message and
     exits 2; a bug keeps its traceback. RESMLP_DEBUG=1 shows the traceback of every error."""
     args = build_parser().parse_args(argv)
+    if sys.stdout is None:  # `>&-`: Python leaves sys.stdout None, and every print or flush after is a traceback
+        print(f"resmlp {args.command}: error: standard output is closed (>&-); redirect it instead (> FILE, "
+              "> /dev/null)", file=sys.stderr)
+        return 2
     debug = bool(os.environ.get("RESMLP_DEBUG"))
     formatwarning = warnings.formatwarning
     if not debug:  # a warning is a line for the user, not a source location
