@@ -21,6 +21,7 @@ Wrong columns and labels out of range are refused in one line before training.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,9 @@ from resmlp.fileio import read_json_object
 IMAGE_COLUMNS, LABEL_COLUMNS = ("image", "img"), ("label", "labels")
 SPLIT_WORDS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
                "test": "test"}
+# classes from the data: ImageNet-21k has 21,841; the bound keeps a head and the evaluation's K x K confusion
+# matrix (8 bytes a cell on the device: 80 GB at the bound) from being sized by one hostile label
+MAX_CLASSES = 100_000
 STREAM_SHARDS = 64  # shards of a streamed split (at most its number of records): enough for 8 ranks x 8 workers
 
 
@@ -201,7 +205,7 @@ def _records(datasets: Any, dataset: Any, what: str, streaming: bool, class_map:
                       f"its {label} column can't be read")
     if labels.dtype.kind not in "iu":
         raise DataError(f"{what}: the {label} column holds {labels.dtype}, not class indices")
-    class_names = _class_names(datasets, dataset.features[label], labels, class_map)
+    class_names = _class_names(datasets, dataset.features[label], labels, class_map, label, what)
     bad = labels[(labels < 0) | (labels >= len(class_names))]
     if bad.size:
         raise DataError(f"{what}: label {int(bad[0])} is outside [0, {len(class_names)}) (the {len(class_names)} "
@@ -211,12 +215,29 @@ def _records(datasets: Any, dataset: Any, what: str, streaming: bool, class_map:
     return HfRecords(dataset, image, labels.astype(np.int64), class_names, what)
 
 
-def _class_names(datasets: Any, feature: Any, labels: np.ndarray, class_map: str | None) -> list[str]:
+def _class_names(datasets: Any, feature: Any, labels: np.ndarray, class_map: str | None, column: str,
+                 what: str) -> list[str]:
     if isinstance(feature, datasets.ClassLabel):
-        return list(feature.names)
+        return _bounded(list(feature.names), f"{what}: the {column} column's ClassLabel")
     if class_map:
         from resmlp.data.sources.imagenet import read_class_map
 
-        return read_class_map(class_map)
-    return [str(i) for i in range(int(labels.max()) + 1 if labels.size else 0)] or ["0"]
+        return _bounded(read_class_map(class_map), f"class map {class_map}")
+    # no names: the classes are 0..max label, counted before the list of names is made (one row labelled 2**31
+    # would otherwise make two billion names, then a head and a K x K confusion matrix of that size)
+    count = int(labels.max()) + 1 if labels.size else 1
+    if count > MAX_CLASSES:
+        raise DataError(f"{what}: the {column} column's largest label {count - 1:,} makes {count:,} classes, more than "
+                        f"{MAX_CLASSES:,} (the evaluation's {count:,} x {count:,} confusion matrix alone would take "
+                        f"~{count**2 * 8 / 2**30:,.0f} GiB); fix the labels, or give the column a ClassLabel feature")
+    return [str(i) for i in range(max(count, 1))]
 
+
+def _bounded(names: list[str], what: str) -> list[str]:
+    """Class names at most MAX_CLASSES, each once (a set, not a quadratic count)."""
+    if not 0 < len(names) <= MAX_CLASSES:
+        raise DataError(f"{what} names {len(names):,} classes; expected 1 to {MAX_CLASSES:,}")
+    if len(set(names)) != len(names):
+        repeated = next(name for name, count in Counter(names).items() if count > 1)
+        raise DataError(f"{what} names class {repeated[:60]!r} more than once; each class once")
+    return names
