@@ -20,7 +20,8 @@ from typing import Any
 import torch
 import yaml
 
-from resmlp.data.sources import spec_from_config
+from resmlp.data.records import SourceSpec
+from resmlp.data.sources import parse_source
 from resmlp.errors import ConfigError
 from resmlp.runtime import adopt_slurm_ranks, env_int, training_device_memory_bytes
 from resmlp.train import memory
@@ -97,7 +98,7 @@ def _classes(cfg: TrainConfig) -> tuple[int, str]:
     d = cfg.data
     if "num_classes" in cfg.model:
         return int(cfg.model["num_classes"]), "model.num_classes"
-    spec = spec_from_config(d.source, d.kind, d.dir)
+    spec = parse_source(d.source) if d.source else SourceSpec(d.kind, d.dir)
     if spec.kind == "synthetic":
         return d.synthetic_classes, "data.synthetic_classes"
     if spec.kind in FIXED_CLASSES:
