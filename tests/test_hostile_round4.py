@@ -21,8 +21,8 @@ from PIL import Image
 from test_gpu_report_merge import SHIPPED, _merge, _refused
 
 from resmlp.cli import main
+from resmlp.data.records import MAX_CLASSES
 from resmlp.data.sources import open_source
-from resmlp.data.sources.hf import MAX_CLASSES
 from resmlp.errors import CheckpointError, ConfigError, DataError, InstallError
 from resmlp.runtime import adopt_slurm_ranks, check_launch_environment
 from resmlp.seq2seq.averaging import kept_checkpoints as kept_averaged

@@ -21,7 +21,6 @@ Wrong columns and labels out of range are refused in one line before training.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,16 @@ from typing import Any
 import numpy as np
 
 from resmlp.data.images import read_image_bytes
-from resmlp.data.records import MapRecords, Payload, Source, SourceSpec, Unreadable, optional_module
+from resmlp.data.records import (
+    MAX_CLASSES,
+    MapRecords,
+    Payload,
+    Source,
+    SourceSpec,
+    Unreadable,
+    check_class_names,
+    optional_module,
+)
 from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.errors import DataError
 from resmlp.fileio import read_json_object
@@ -37,9 +45,6 @@ from resmlp.fileio import read_json_object
 IMAGE_COLUMNS, LABEL_COLUMNS = ("image", "img"), ("label", "labels")
 SPLIT_WORDS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
                "test": "test"}
-# classes from the data: ImageNet-21k has 21,841; the bound keeps a head and the evaluation's K x K confusion
-# matrix (8 bytes a cell on the device: 80 GB at the bound) from being sized by one hostile label
-MAX_CLASSES = 100_000
 STREAM_SHARDS = 64  # shards of a streamed split (at most its number of records): enough for 8 ranks x 8 workers
 
 
@@ -218,11 +223,11 @@ def _records(datasets: Any, dataset: Any, what: str, streaming: bool, class_map:
 def _class_names(datasets: Any, feature: Any, labels: np.ndarray, class_map: str | None, column: str,
                  what: str) -> list[str]:
     if isinstance(feature, datasets.ClassLabel):
-        return _bounded(list(feature.names), f"{what}: the {column} column's ClassLabel")
+        return check_class_names(feature.names, f"{what}: the {column} column's ClassLabel")
     if class_map:
         from resmlp.data.sources.imagenet import read_class_map
 
-        return _bounded(read_class_map(class_map), f"class map {class_map}")
+        return check_class_names(read_class_map(class_map), f"class map {class_map}")
     # no names: the classes are 0..max label, counted before the list of names is made (one row labelled 2**31
     # would otherwise make two billion names, then a head and a K x K confusion matrix of that size)
     count = int(labels.max()) + 1 if labels.size else 1
@@ -231,13 +236,3 @@ def _class_names(datasets: Any, feature: Any, labels: np.ndarray, class_map: str
                         f"{MAX_CLASSES:,} (the evaluation's {count:,} x {count:,} confusion matrix alone would take "
                         f"~{count**2 * 8 / 2**30:,.0f} GiB); fix the labels, or give the column a ClassLabel feature")
     return [str(i) for i in range(max(count, 1))]
-
-
-def _bounded(names: list[str], what: str) -> list[str]:
-    """Class names at most MAX_CLASSES, each once (a set, not a quadratic count)."""
-    if not 0 < len(names) <= MAX_CLASSES:
-        raise DataError(f"{what} names {len(names):,} classes; expected 1 to {MAX_CLASSES:,}")
-    if len(set(names)) != len(names):
-        repeated = next(name for name, count in Counter(names).items() if count > 1)
-        raise DataError(f"{what} names class {repeated[:60]!r} more than once; each class once")
-    return names
