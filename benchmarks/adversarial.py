@@ -1469,8 +1469,9 @@ for _label, _edit in (("a shard listed twice", lambda i: i["splits"]["train"].ap
 @case("I48 6 WebDataset mid-epoch resume over shards rewritten with the same counts and sizes")
 def _(d: Path):
     out = finished_shards(d)
+    # 4 training records in batches of 2: the state after step 1 is in the middle of the epoch
     args = ["train", "--output", str(d / "run"), "--data", f"wds:{out}", *FOLDER_TINY, "--set",
-            "train.checkpoint_every_steps=1", "--max-steps", "1"]
+            "train.batch_size=2", "--set", "train.checkpoint_every_steps=1", "--max-steps", "1"]
     rc, err = cli(*args)
     if rc:
         return False, f"the run to resume failed: {err.splitlines()[-1][:150] if err else rc}"
