@@ -12,13 +12,16 @@ CLI cases run `python -m resmlp ...` in a subprocess with this checkout's src/ f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import io
 import json
 import os
 import pickle
 import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zlib
@@ -78,7 +81,7 @@ def cli(*args: str, timeout: float = 300, env: dict | None = None) -> tuple[int,
     run_env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", **(env or {})}
     run_env.pop("RESMLP_DEBUG", None)
     proc = subprocess.run([sys.executable, "-m", "resmlp", *args], capture_output=True, text=True, timeout=timeout,
-                          env=run_env)
+                          env=run_env, errors="replace")  # a message may quote bytes of a hostile file
     return proc.returncode, proc.stderr.strip()
 
 
@@ -1297,6 +1300,549 @@ def _(d: Path):
     return clean_cli_failure(*_merge(_REPORT, _REPORT, out=d / "out"), "is also in")
 
 
+# ------------------------------------------------------------------------------------------ issue 48
+# One case (or a few) per mechanism of issue 48 (hostile inputs, fourth round: the new data sources trust their own
+# bookkeeping), each written from the issue's description against the CLI and API as documented. Names start with
+# "I48 N" (N: the mechanism's number; `-k I48` runs them alone). Where the issue names memory, the case runs in a
+# child process and reads that child's peak resident memory.
+FOLDER_TINY = ["--set", "model.img_size=16", "--set", "model.patch_size=4", "--set", "model.dim=16", "--set",
+               "model.depth=1", "--set", "model.in_chans=3", "--set", "schedule.epochs=1", "--set",
+               "schedule.warmup_epochs=0", "--set", "train.batch_size=4", "--set", "train.progress=false",
+               "--set", "data.num_workers=0", "--set", "train.threads=1", "--set", "train.compile=false"]
+PEAK_MIB = 1024  # what a refusal may take: the interpreter, numpy, torch, and the first bytes of the input
+# the child's peak from /proc (VmHWM, of its own address space since exec): getrusage's ru_maxrss keeps the
+# resident size of the parent it was forked from, which after the 8000x8000 case is above the bound
+CHILD = """
+import re, sys
+try:
+    exec(sys.argv[1])
+    outcome = "accepted"
+except Exception as e:
+    from resmlp.errors import ResmlpError
+    first = str(e).splitlines()[0][:150] if str(e) else ""
+    clean = isinstance(e, (ResmlpError, FileNotFoundError))
+    outcome = f"{'refused' if clean else 'uncaught'} {type(e).__name__}: {first}"
+print(outcome)
+print(int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) >> 10)
+"""
+
+
+def in_child(code: str, timeout: float = 300, env: dict | None = None) -> tuple[str, int]:
+    """`code` run in a child interpreter: its outcome ('accepted', 'refused TYPE: message', 'uncaught ...',
+    'killed ...') and its peak resident memory in MiB."""
+    run_env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", **(env or {})}
+    try:
+        proc = subprocess.run([sys.executable, "-c", CHILD, code], capture_output=True, text=True, timeout=timeout,
+                              env=run_env)
+    except subprocess.TimeoutExpired:
+        return f"hung for {timeout:.0f} s", 0
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or len(lines) < 2:
+        return f"killed (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1][:150]}", 0
+    return lines[-2], int(lines[-1])
+
+
+def refused_small(outcome: str, peak: int, words: str = "") -> tuple[bool, str]:
+    """Refused in one line (naming `words`) within PEAK_MIB of memory."""
+    return outcome.startswith("refused") and words in outcome and peak < PEAK_MIB, f"{outcome} (peak {peak} MiB)"
+
+
+def image_folder(root: Path, splits: tuple[str, ...] = ("train",), classes: tuple[str, ...] = ("a", "b"),
+                 per_class: int = 2) -> Path:
+    for split in splits:
+        for cls in classes:
+            (root / split / cls).mkdir(parents=True)
+            for i in range(per_class):
+                an_image(root / split / cls / f"{i}.png")
+    return root
+
+
+class _Killed(Exception):
+    """Raised by the shard writer's log after its first shard: a kill at a shard boundary."""
+
+
+def killed_shards(d: Path) -> tuple[Path, Path]:
+    """A folder source and an OUT where `resmlp data shards` was killed after its first shard (index.partial.json
+    left behind)."""
+    from resmlp.data.shards import write_shards
+    from resmlp.data.sources import open_source
+
+    src, out = image_folder(d / "src", per_class=3), d / "shards"
+
+    def kill(line: str) -> None:
+        raise _Killed(line)
+    with contextlib.suppress(_Killed):
+        write_shards(open_source(f"folder:{src}"), out, 1 << 30, shard_records=2, log=kill)
+    return src, out
+
+
+def finished_shards(d: Path, seed: int = 0) -> Path:
+    """OUT of a finished `resmlp data shards` of a small folder (6 training images, 2 carved into val)."""
+    from resmlp.data.shards import write_shards
+    from resmlp.data.sources import open_source
+
+    src = d / "src" if (d / "src").is_dir() else image_folder(d / "src", per_class=3)
+    write_shards(open_source(f"folder:{src}"), d / "shards", 1 << 30, seed=seed, shard_records=2, val_size=2,
+                 log=lambda line: None)
+    return d / "shards"
+
+
+@case("I48 1 `resmlp data shards` with a symlink planted at OUT/train-000000.tar.tmp")
+def _(d: Path):
+    src, out, victim = image_folder(d / "src"), d / "out", d / "victim"
+    victim.write_text("precious\n")
+    out.mkdir()
+    (out / "train-000000.tar.tmp").symlink_to(victim)
+    rc, err = cli("data", "shards", f"folder:{src}", str(out))
+    intact = victim.read_bytes() == b"precious\n"  # bytes: a tar written through the link is not text
+    return intact and "Traceback" not in err, f"exit {rc}, victim intact: {intact}"
+
+
+for _flags, _words in ((["--shard-records", "-1"], "shard"), (["--val-size", "-3"], "val"),
+                       (["--val-size", "100"], "val")):
+    @case(f"I48 2 `resmlp data shards {' '.join(_flags)}` (4 training records)")
+    def _(d: Path, flags=_flags, words=_words):
+        try:
+            rc, err = cli("data", "shards", f"folder:{image_folder(d / 'src')}", str(d / "out"), *flags, timeout=60)
+        except subprocess.TimeoutExpired:
+            return False, "ran for 60 s (a loop)"
+        return clean_cli_failure(rc, err, words)
+
+
+for _label, _edit in (("a negative position", lambda s: s["next"].update(train=-5)),
+                      ("a huge position", lambda s: s["next"].update(train=10**15)),
+                      ("a shard named ../victim.tar", lambda s: s["splits"]["train"][0].update(name="../victim.tar")),
+                      ("a string position", lambda s: s["next"].update(train="2"))):
+    @case(f"I48 3 `resmlp data shards` resumed over an index.partial.json with {_label}")
+    def _(d: Path, edit=_edit):
+        src, out = killed_shards(d)
+        (d / "victim.tar").write_text("precious\n")
+        state = json.loads((out / "index.partial.json").read_text())
+        edit(state)
+        (out / "index.partial.json").write_text(json.dumps(state))
+        ok, how = clean_cli_failure(*cli("data", "shards", f"folder:{src}", str(out), "--shard-records", "2"))
+        return ok and (d / "victim.tar").read_bytes() == b"precious\n", how
+
+
+@case("I48 3 `resmlp data shards` resumed after an image was added to the source")
+def _(d: Path):
+    src, out = killed_shards(d)
+    an_image(src / "train" / "a" / "added.png")
+    return clean_cli_failure(*cli("data", "shards", f"folder:{src}", str(out), "--shard-records", "2"))
+
+
+@case("I48 4 WebDataset labels '²', '--1', 5,000 digits and a .json nested 100000 deep: skipped and counted")
+def _(d: Path):
+    import webdataset as wds
+
+    from resmlp.data.records import StreamPlan, Unreadable
+    from resmlp.data.sources import open_source
+
+    png = an_image(d / "x.png").read_bytes()
+    with open(d / "train-000000.tar", "wb") as stream, wds.TarWriter(stream, encoder=False) as writer:
+        for key, member, value in (("good", "cls", b"1"), ("sup", "cls", "²".encode()), ("neg", "cls", b"--1"),
+                                   ("long", "cls", b"9" * 5000), ("deep", "json", b"[" * 100_000 + b"]" * 100_000)):
+            writer.write({"__key__": key, "png": png, member: value})
+    (d / "classes.txt").write_text("a\nb\n")
+    try:
+        records = open_source(f"wds:{d}/train-{{000000..000000}}.tar", class_map=str(d / "classes.txt"))
+        got = list(records.records("train").samples(StreamPlan(train=False)))
+    except Exception as e:  # noqa: BLE001 - one bad label must not stop the run
+        return False, f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
+    bad = sum(isinstance(payload, Unreadable) for _, payload, _ in got)
+    return bad == 4 and len(got) == 5, f"{len(got) - bad} read, {bad} skipped as unreadable"
+
+
+for _label, _edit in (("a shard listed twice", lambda i: i["splits"]["train"].append(i["splits"]["train"][0])),
+                      ("a negative count", lambda i: i["splits"]["train"][0].update(samples=-2)),
+                      ("a boolean count", lambda i: i["splits"]["train"][0].update(samples=True)),
+                      ("a class named twice", lambda i: i.update(classes=["a", "a"]))):
+    @case(f"I48 5 WebDataset index.json with {_label}")
+    def _(d: Path, edit=_edit):
+        from resmlp.data.sources import open_source
+
+        out = finished_shards(d)
+        index = json.loads((out / "index.json").read_text())
+        edit(index)
+        (out / "index.json").write_text(json.dumps(index))
+        return refused(lambda: open_source(f"wds:{out}"))
+
+
+@case("I48 6 WebDataset mid-epoch resume over shards rewritten with the same counts and sizes")
+def _(d: Path):
+    out = finished_shards(d)
+    # 4 training records in batches of 2: the state after step 1 is in the middle of the epoch
+    args = ["train", "--output", str(d / "run"), "--data", f"wds:{out}", *FOLDER_TINY, "--set",
+            "train.batch_size=2", "--set", "train.checkpoint_every_steps=1", "--max-steps", "1"]
+    rc, err = cli(*args)
+    if rc:
+        return False, f"the run to resume failed: {err.splitlines()[-1][:150] if err else rc}"
+    for path in out.iterdir():
+        path.unlink()
+    finished_shards(d, seed=1)  # the same images in another order: the same counts and sizes
+    return clean_cli_failure(*cli("train", "--output", str(d / "run"), "--resume"), "shard")
+
+
+def _undecodable_jpegs(root: Path, splits: tuple[str, ...] = ("train", "val")) -> Path:
+    """JPEGs whose headers are sound and whose scans are garbage: they pass the workers' header check and
+    fail in the device's decoder."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buffer, "JPEG")
+    data = buffer.getvalue()
+    scan = data.index(b"\xff\xda")
+    broken = data[:scan + 12] + bytes(range(256)) * 4 + b"\xff\xd9"
+    for split in splits:
+        for cls in ("a", "b"):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(2):
+                (root / split / cls / f"{i}.jpg").write_bytes(broken)
+    return root
+
+
+@case("I48 7 device pipeline: a batch in which no image decodes (`resmlp train --set data.pipeline=device`)")
+def _(d: Path):
+    data = _undecodable_jpegs(d / "data")
+    rc, err = cli("train", "--output", str(d / "o"), "--data", f"folder:{data}", *FOLDER_TINY, "--set",
+                  "data.pipeline=device")
+    return "Traceback" not in err and "IndexError" not in err, f"exit {rc}: {err.splitlines()[-1][:150] if err else ''}"
+
+
+@case("I48 8 device pipeline: a batch of 4 JPEGs of 8000x8000 (pixels one decode call is asked for)")
+def _(d: Path):
+    # decode_jpeg's outputs, counted where the pipeline calls it: on a GPU that is device memory, which a host
+    # measure does not see (on this CPU the host's peak is the timm path's); the timm path holds one image
+    import torchvision.io
+
+    import resmlp.data.device.decode as device_decode
+    from resmlp.cli import main as resmlp_main
+    from resmlp.data.images import DEFAULT_MAX_PIXELS
+
+    Image.new("RGB", (8000, 8000), (90, 120, 30)).save(d / "big.jpg", quality=50)
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (d / "data" / split / cls).mkdir(parents=True)
+            for i in range(2):
+                os.link(d / "big.jpg", d / "data" / split / cls / f"{i}.jpg")
+    asked: list[int] = []
+    real = torchvision.io.decode_jpeg
+
+    def counted(data, *args, **kwargs):
+        out = real(data, *args, **kwargs)
+        asked.append(sum(t.numel() // t.shape[0] for t in (out if isinstance(out, list) else [out])))
+        return out
+    device_decode.decode_jpeg = torchvision.io.decode_jpeg = counted
+    try:  # the run's own lines kept out of this script's table
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            rc = resmlp_main(["train", "--output", str(d / "o"), "--data", f"folder:{d / 'data'}", *FOLDER_TINY,
+                              "--set", "data.pipeline=device"])
+    finally:
+        device_decode.decode_jpeg = torchvision.io.decode_jpeg = real
+    most = max(asked, default=0)
+    return rc == 0 and most <= DEFAULT_MAX_PIXELS, \
+        f"exit {rc}; at most {most:,} pixels in one of {len(asked)} decode calls (one image's bound: " \
+        f"{DEFAULT_MAX_PIXELS:,})"
+
+
+@case("I48 9 a class map of 300,000 lines (folder source)")
+def _(d: Path):
+    image_folder(d / "data")
+    (d / "classes.txt").write_text("a\nb\n" + "".join(f"n{i:08d}\n" for i in range(299_998)))
+    return refused_small(*in_child(f"from resmlp.data.sources import open_source; open_source("
+                                   f"'folder:{d / 'data'}', class_map='{d / 'classes.txt'}').records('train')"))
+
+
+@case("I48 9 a WebDataset index.json naming 300,000 classes")
+def _(d: Path):
+    out = finished_shards(d)
+    index = json.loads((out / "index.json").read_text())
+    index["classes"] = [f"n{i:08d}" for i in range(300_000)]
+    (out / "index.json").write_text(json.dumps(index))
+    return refused_small(*in_child(f"from resmlp.data.sources import open_source; open_source('wds:{out}')"))
+
+
+@case("I48 9 an hf: dataset whose label column (no ClassLabel) holds 2**31")
+def _(d: Path):
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    datasets.Dataset.from_dict({"image": [str(an_image(d / "x.png"))] * 2, "label": [0, 2**31]},
+                               features=features).save_to_disk(d / "hf")
+    return refused_small(*in_child(f"from resmlp.data.sources import open_source; open_source('hf:{d / 'hf'}')"),
+                         "label")
+
+
+def _flat_val(d: Path, truth: str) -> str:
+    """A folder with train/<class>/ and a flat val/ labelled by val.txt; the code that lists val in a child."""
+    image_folder(d / "data", classes=("a", "b"))
+    (d / "data" / "val").mkdir()
+    for name in ("x.png", "y.png"):
+        an_image(d / "data" / "val" / name)
+    (d / "data" / "val.txt").write_bytes(truth.encode())
+    return f"from resmlp.data.sources import open_source; open_source('folder:{d / 'data'}').records('val')"
+
+
+for _label, _truth in (("one image listed twice with different labels", "x.png a\ny.png b\nx.png b\n"),
+                       ("a label '²'", "x.png a\ny.png ²\n")):
+    @case(f"I48 10 ImageNet val.txt with {_label}")
+    def _(d: Path, truth=_truth):
+        return refused_small(*in_child(_flat_val(d, truth)), "val.txt")
+
+
+@case("I48 10 ImageNet val.txt starting with a BOM: read, not blamed on the image name")
+def _(d: Path):
+    outcome, peak = in_child(_flat_val(d, "\ufeffx.png a\ny.png b\n"))
+    return outcome == "accepted", f"{outcome} (peak {peak} MiB)"
+
+
+@case("I48 10 LOC_val_solution.csv of 20 M blank lines")
+def _(d: Path):
+    code = _flat_val(d, "")
+    (d / "data" / "val.txt").unlink()
+    (d / "data" / "LOC_val_solution.csv").write_text("ImageId,PredictionString\nx,a 1 1 2 2\ny,b 1 1 2 2\n"
+                                                      + "\n" * 20_000_000)
+    outcome, peak = in_child(code)
+    return peak < PEAK_MIB and not outcome.startswith(("uncaught", "killed")), f"{outcome} (peak {peak} MiB)"
+
+
+@case("I48 11 a symlinked OUTPUT/data_index (`resmlp train` on a folder)")
+def _(d: Path):
+    data = image_folder(d / "data", splits=("train", "val"))
+    (d / "run").mkdir()
+    (d / "elsewhere").mkdir()
+    (d / "run" / "data_index").symlink_to(d / "elsewhere")
+    rc, err = cli("train", "--output", str(d / "run"), "--data", f"folder:{data}", *FOLDER_TINY)
+    untouched = not any((d / "elsewhere").iterdir())
+    return untouched and "Traceback" not in err, f"exit {rc}, nothing written through the link: {untouched}"
+
+
+@case("I48 11 a tampered folder index cache naming ../../../etc/passwd")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+    from resmlp.data.sources.imagenet import PackedNames
+
+    data = image_folder(d / "data")
+    open_source(f"folder:{data}", index_cache=d / "cache").records("train")
+    (cached,) = (d / "cache" / "data_index").glob("train-*.npz")
+    with np.load(cached) as saved:
+        arrays = dict(saved)
+    names = PackedNames.pack(["../../../etc/passwd"] * len(arrays["labels"]))
+    arrays.update(buffer=names.buffer, offsets=names.offsets)
+    np.savez(cached, **arrays)
+    try:
+        records = open_source(f"folder:{data}", index_cache=d / "cache").records("train")
+    except ResmlpError as e:
+        return True, f"{type(e).__name__}: {str(e).splitlines()[0][:150]}"
+    names = [records.name(i) for i in range(len(records))]
+    trusted = any("passwd" in n for n in names)
+    return not trusted, f"cached names {'trusted: ' + names[0] if trusted else 'not trusted (listed again)'}"
+
+
+def _tar_of(d: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], fmt: int = tarfile.PAX_FORMAT) -> Path:
+    path = d / "data.tar"
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _member(name: str, data: bytes | None = None, kind: bytes = tarfile.REGTYPE, link: str = "") -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, link, len(data or b"")
+    if kind == tarfile.DIRTYPE:
+        info.mode = 0o755
+    return info, data
+
+
+@case("I48 12 a tar whose image is a GNU sparse member (folder:FILE.tar)")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    png = an_image(d / "x.png").read_bytes()
+    path = _tar_of(d, [_member(f"train/{c}/{i}.png", png) for c in "ab" for i in range(2)], tarfile.GNU_FORMAT)
+    raw = bytearray(path.read_bytes())  # the first member's type flag made 'S' (GNU sparse), its checksum redone
+    raw[156:157] = tarfile.GNUTYPE_SPARSE
+    raw[148:156] = b" " * 8
+    raw[148:155] = f"{sum(raw[:512]):06o}\0".encode()
+    path.write_bytes(bytes(raw))
+    try:
+        records = open_source(f"folder:{path}").records("train")
+        payloads = [bytes(records[i][0]) for i in range(len(records))]
+    except ResmlpError as e:
+        message = str(e).splitlines()[0]
+        return "sparse" in message and "truncated" not in message, f"{type(e).__name__}: {message[:150]}"
+    intact = sum(p == png for p in payloads)
+    return intact == 4, f"{len(payloads)} records read, {intact} of them the image stored"
+
+
+@case("I48 12 a tar member name of 60,000 path components")
+def _(d: Path):
+    png = an_image(d / "x.png").read_bytes()
+    path = _tar_of(d, [_member("train/a/0.png", png), _member("train/b/0.png", png),
+                       _member("train/a/" + "x/" * 60_000 + "0.png", png)])
+    return refused_small(*in_child(f"from resmlp.data.sources import open_source; "
+                                   f"open_source('folder:{path}').records('train')"))
+
+
+@case("I48 12 a symlinked class folder inside a tar")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    png = an_image(d / "x.png").read_bytes()
+    path = _tar_of(d, [_member("train/a/0.png", png), _member("train/a/1.png", png),
+                       _member("train/b", kind=tarfile.SYMTYPE, link="a")])
+    return refused(lambda: open_source(f"folder:{path}").records("train"))
+
+
+for _env, _name in (({"SLURM_NTASKS": "0", "SLURM_PROCID": "0"}, "SLURM_NTASKS"),
+                    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "http"}, "MASTER_PORT"),
+                    ({"LOCAL_RANK": "x"}, "LOCAL_RANK")):
+    @case(f"I48 13 `resmlp train` under {' '.join(f'{k}={v}' for k, v in _env.items())}")
+    def _(d: Path, env=_env, name=_name):
+        return clean_cli_failure(*cli("train", "--output", str(d / "o"), *TRAIN_TINY, env=env, timeout=120), name)
+
+
+@case("I48 14 `resmlp train --dry-run --data folder:DIR` reports DIR's classes")
+def _(d: Path):
+    data = image_folder(d / "data", classes=("a", "b", "c", "d", "e"), per_class=1)
+    proc = subprocess.run([sys.executable, "-m", "resmlp", "train", "--output", str(d / "o"), "--data",
+                           f"folder:{data}", "--dry-run"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"})
+    line = next((line for line in proc.stdout.splitlines() if "classes (" in line), proc.stderr[-150:])
+    return proc.returncode == 0 and " 5 classes (" in line, line.strip()[:150]
+
+
+@case("I48 15 `translate average`: checkpoint_6.pt and checkpoint_06.pt are not two checkpoints of step 6")
+def _(d: Path):
+    import shutil
+
+    from resmlp.seq2seq.averaging import average_last, keep_checkpoint
+
+    model = build_translation_model(translation_model_config("tiny", 19))
+    keep_checkpoint(d, model, 6, 5)
+    shutil.copy(d / "checkpoint_6.pt", d / "checkpoint_06.pt")
+    return refused(lambda: average_last(d, 2))
+
+
+for _label, _entry in (("no epoch", {"score": 1.0, "file": "checkpoint-1.safetensors"}),
+                       ("a string score", {"epoch": 1, "score": "90", "file": "checkpoint-1.safetensors"}),
+                       ("a NaN score", {"epoch": 1, "score": float("nan"), "file": "checkpoint-1.safetensors"})):
+    @case(f"I48 16 checkpoints.json entry with {_label}, at the next epoch's write")
+    def _(d: Path, entry=_entry):
+        from resmlp.train.history import keep_best
+
+        (d / "checkpoints.json").write_text(json.dumps({"keep": 2, "checkpoints": [entry]}))
+        return refused(lambda: keep_best(d, 2, tiny_model(), {}, 2, 50.0))
+
+
+@case("I48 17 a WebDataset pattern {0..99999999} (10^8 names)")
+def _(d: Path):
+    start = time.perf_counter()
+    ok, how = refused_small(*in_child(f"from resmlp.data.sources import open_source; "
+                                      f"open_source('wds:{d}/train-{{0..99999999}}.tar')", timeout=120))
+    return ok, f"{how} ({time.perf_counter() - start:.1f} s)"
+
+
+def _hf_saved(path: Path) -> Path:
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    image = str(an_image(path.parent / "x.png"))
+    datasets.Dataset.from_dict({"image": [image] * 2, "label": [0, 1]}, features=features).save_to_disk(path)
+    return path
+
+
+def _hf_two_schemas(d: Path) -> Path:
+    import datasets
+
+    (d / "hf").mkdir()
+    for i, (kind, label) in enumerate((("int64", 0), ("string", "x"))):
+        features = datasets.Features({"image": datasets.Image(), "label": datasets.Value(kind)})
+        datasets.Dataset.from_dict({"image": [str(an_image(d / "x.png"))], "label": [label]},
+                                   features=features).to_parquet(d / "hf" / f"train-{i}.parquet")
+    return d / "hf"
+
+
+def _hf_lying_info(d: Path) -> Path:
+    path = _hf_saved(d / "hf")
+    info = json.loads((path / "dataset_info.json").read_text())
+    info["features"]["extra"] = {"_type": "Value", "dtype": "int64"}
+    (path / "dataset_info.json").write_text(json.dumps(info))
+    return path
+
+
+def _hf_empty(d: Path) -> Path:
+    import datasets
+
+    datasets.DatasetDict({}).save_to_disk(d / "hf")
+    return d / "hf"
+
+
+def _hf_outside(d: Path) -> Path:
+    other, path = _hf_saved(d / "other"), _hf_saved(d / "hf")
+    state = json.loads((path / "state.json").read_text())
+    arrow = state["_data_files"][0]["filename"]
+    (path / arrow).unlink()
+    state["_data_files"] = [{"filename": f"../{other.name}/{arrow}"}]
+    (path / "state.json").write_text(json.dumps(state))
+    return path
+
+
+for _label, _make in (("two schemas in one split", _hf_two_schemas), ("a lying dataset_info.json", _hf_lying_info),
+                      ("an empty DatasetDict", _hf_empty), ("state.json naming ../other's Arrow file", _hf_outside)):
+    @case(f"I48 18 hf: folder with {_label}")
+    def _(d: Path, make=_make):
+        from resmlp.data.sources import open_source
+
+        return refused(lambda: open_source(f"hf:{make(d)}"))
+
+
+@case("I48 18 `resmlp train --data hf:DIR` whose state.json names another dataset's Arrow file")
+def _(d: Path):
+    path = _hf_outside(d)
+    return clean_cli_failure(*cli("train", "--output", str(d / "o"), "--data", f"hf:{path}", *FOLDER_TINY),
+                             "state.json")
+
+
+@case("I48 19 `gpu_report.py --merge` of a folder")
+def _(d: Path):
+    (d / "folder").mkdir()
+    return clean_cli_failure(*_merge(d / "folder", out=d / "out"), "not a regular file")
+
+
+@case("I48 19 `gpu_report.py --merge --out` naming an existing file")
+def _(d: Path):
+    (d / "taken").write_text("precious\n")
+    ok, how = clean_cli_failure(*_merge(_REPORT, out=d / "taken"), "not a folder")
+    return ok and (d / "taken").read_text() == "precious\n", how
+
+
+@case("I48 19 `gpu_report.py --merge` of a part with exit 0 and none of its numbers")
+def _(d: Path):
+    report = json.loads(_REPORT.read_text())
+    report["parts"]["guard"] = {"exit": 0}
+    (d / "r.json").write_text(json.dumps(report))
+    return clean_cli_failure(*_merge(d / "r.json", out=d / "out"), "guard")
+
+
+@case("I48 19 `resmlp models --format csv >&-` (stdout closed)")
+def _(d: Path):
+    code = f"import os, subprocess, sys; os.close(1); sys.exit(subprocess.call([{sys.executable!r}, '-m', " \
+           "'resmlp', 'models', '--format', 'csv']))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": SRC})
+    return clean_cli_failure(proc.returncode, proc.stderr.strip(), "standard output")
+
+
+@case("I48 19 a sacremoses whose tokenizer returns None (tokenized BLEU)")
+def _(d: Path):
+    (d / "site" / "sacremoses").mkdir(parents=True)
+    (d / "site" / "sacremoses" / "__init__.py").write_text(
+        "class MosesTokenizer:\n    def __init__(self, lang):\n        pass\n"
+        "    def tokenize(self, text, **options):\n        return None\n")
+    return refused_small(*in_child("from resmlp.seq2seq.scoring import tokenized_bleu; tokenized_bleu(['a'], ['a'])",
+                                   env={"PYTHONPATH": f"{d / 'site'}{os.pathsep}{SRC}"}), "sacremoses")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
@@ -1307,14 +1853,15 @@ def main() -> int:
     for name, fn in CASES:
         if args.k and args.k not in name:
             continue
+        start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 ok, how = fn(Path(tmp))
             except Exception as e:  # an unexpected exception is exactly what this script looks for
                 ok, how = False, f"uncaught {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
         rows.append((name, "yes" if ok else "no", how.replace("|", "/")))
-        if not args.markdown:
-            print(f"{'yes' if ok else 'NO ':4} {name}: {how}", flush=True)
+        if not args.markdown:  # the seconds: what a full run will take, from the cases' own times
+            print(f"{'yes' if ok else 'NO ':4} {name}: {how} [{time.perf_counter() - start:.1f} s]", flush=True)
     if args.markdown:
         print("| case | handled cleanly | how |\n|---|---|---|")
         for row in rows:

@@ -393,11 +393,24 @@ PART_FIELDS = {**RUN, "error": _text, "skipped": _text, "counts": _mapping(_numb
 BATCH = _record({**RUN, "ratios": _mapping(_number()), "img_s": _mapping(_number())}, ("command", "ratios", "img_s"))
 
 
+# what each part writes when it ran (exit 0, not skipped): a part without its numbers must not merge as "ok"
+OK_PART_KEYS = {"cuda-tests": ("command", "counts"), "suite": ("command", "counts"),
+                "quickstart": ("command", "summary"), "guard": ("command", "results"),
+                "trainer-vs-raw": ("trainer", "raw_step", "trainer_img_s_last_epoch", "raw_compiled_img_s",
+                                   "trainer_over_raw"),
+                "raw-step": (), "inference": ("command", "results"), "pipeline": ("command", "make_folder", "results")}
+
+
 def _check_part(name: str, part: object, where: str) -> None:
     fields = {**PART_FIELDS, "results": _list(GUARD_ROW)} if name == "guard" else PART_FIELDS
-    if isinstance(part, dict):  # raw-step's records per batch size: batch128...
-        fields = {**fields, **{key: BATCH for key in part if re.fullmatch(r"batch\d{1,5}", str(key))}}
+    batches = [key for key in part if re.fullmatch(r"batch\d{1,5}", str(key))] if isinstance(part, dict) else []
+    fields = {**fields, **dict.fromkeys(batches, BATCH)}  # raw-step's records per batch size: batch128...
     _record(fields, ("exit",))(part, where)
+    if part["exit"] == 0 and "skipped" not in part:
+        missing = [key for key in OK_PART_KEYS[name] if key not in part] + \
+            (["a batchN record"] if name == "raw-step" and not batches else [])
+        if missing:
+            raise BadReport(f"{where} has exit 0 but no {', '.join(missing)}: a part that ran writes them")
 
 
 def _check_tree(value: object) -> None:
@@ -423,9 +436,10 @@ def read_report(path: Path) -> dict[str, object]:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO doesn't wait for a writer
     except OSError as err:
         raise BadReport(f"can't be read ({err.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder with a traceback
+        os.close(fd)
+        raise BadReport("not a regular file (a FIFO, device or folder)")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadReport("not a regular file (a FIFO, device or folder)")
         data = f.read(MAX_REPORT_BYTES + 1)
     if len(data) > MAX_REPORT_BYTES:
         raise BadReport(f"holds more than {MAX_REPORT_BYTES >> 20} MiB; a report holds tens of kB")
@@ -467,6 +481,16 @@ def merge(paths: list[Path]) -> dict[str, object]:
     return merged
 
 
+def _output_folder(out: Path) -> None:
+    """--out made a folder, or refused in one line when it names something else (a file, a dangling link)."""
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise BadReport(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BadReport(f"--out {out}: can't be created ({err.strerror})") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_report.json / .md and the runs")
@@ -483,10 +507,11 @@ def main() -> None:
     if args.merge:
         try:  # a report of another tool, cut short or edited, is one line naming the record, not a traceback
             merged = merge(args.merge)
-        except BadReport as err:
+            _output_folder(args.out)
+            write_report(merged, args.out)
+        except (BadReport, OSError) as err:
             print(f"gpu_report.py: error: {err}", file=sys.stderr)
             sys.exit(2)
-        write_report(merged, args.out)
         print(f"wrote {args.out / 'gpu_report.md'}")
         return
     work = args.work or args.out / "runs"

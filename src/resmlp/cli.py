@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A user's mistake (bad input, full disk, locked folder...) prints one message and
     exits 2; a bug keeps its traceback. RESMLP_DEBUG=1 shows the traceback of every error."""
     args = build_parser().parse_args(argv)
+    if sys.stdout is None:  # `>&-`: Python leaves sys.stdout None, and every print or flush after is a traceback
+        print(f"resmlp {args.command}: error: standard output is closed (>&-); redirect it instead (> FILE, "
+              "> /dev/null)", file=sys.stderr)
+        return 2
     debug = bool(os.environ.get("RESMLP_DEBUG"))
     formatwarning = warnings.formatwarning
     if not debug:  # a warning is a line for the user, not a source location
@@ -76,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = formatwarning
 
 
+LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "SLURM_NTASKS",
+                    "SLURM_NNODES", "SLURM_PROCID", "SLURM_LOCALID")
+
+
 def _check_environment() -> None:
     """The settings the environment gives every command, checked once before any runs: read later, inside a
     data loader's worker, a bad value would be a traceback from that worker."""
@@ -83,6 +91,10 @@ def _check_environment() -> None:
         from resmlp.data.images import max_image_pixels
 
         max_image_pixels()
+    if any(name in os.environ for name in LAUNCH_VARIABLES):  # runtime imports torch: only when there is one
+        from resmlp.runtime import check_launch_environment
+
+        check_launch_environment()
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

@@ -100,6 +100,34 @@ def first_slurm_host(nodelist: str) -> str:
     return f"{prefix}{first}{suffix}"
 
 
+def env_int(name: str, default: int, low: int = 0, high: int = 1 << 20, env: Any = None) -> int:
+    """The integer environment variable `name` (`default` when unset), refused in one line naming the variable
+    unless it is plain decimal digits in [low, high]: int() alone takes '1_0', ' 3' and non-ASCII digits, and a
+    launcher's junk would otherwise surface as a traceback far from its cause (SLURM_NTASKS=0: a division)."""
+    raw = (os.environ if env is None else env).get(name)
+    if raw is None:
+        return default
+    value = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw) else None
+    if value is None or not low <= value <= high:
+        raise ConfigError(f"{name}={raw[:40]!r}: expected a whole number in [{low}, {high}] (set by torchrun or "
+                          f"SLURM's srun); unset it or fix the launch")
+    return value
+
+
+def check_launch_environment(env: Any = None) -> None:
+    """Every launch variable this package reads (torchrun's, SLURM's, the rendezvous port), checked before any
+    command runs, each named when it is wrong."""
+    env = os.environ if env is None else env
+    for name, low in (("WORLD_SIZE", 1), ("SLURM_NTASKS", 1), ("SLURM_NNODES", 1), ("LOCAL_WORLD_SIZE", 1),
+                      ("RANK", 0), ("LOCAL_RANK", 0), ("SLURM_PROCID", 0), ("SLURM_LOCALID", 0)):
+        env_int(name, low, low, env=env)
+    env_int("MASTER_PORT", 29500, 1, 65535, env=env)
+    for world, rank in (("WORLD_SIZE", "RANK"), ("SLURM_NTASKS", "SLURM_PROCID")):
+        if world in env and env_int(rank, 0, env=env) >= env_int(world, 1, 1, env=env):
+            raise ConfigError(f"{rank}={env[rank]} is not below {world}={env[world]}: ranks count from 0 to the "
+                              "number of processes minus 1")
+
+
 def adopt_slurm_ranks(env: dict[str, str] | None = None) -> bool:
     """A process started by SLURM's srun, not torchrun: its rank, world size and local rank from SLURM_PROCID,
     SLURM_NTASKS and SLURM_LOCALID (as timm's distributed setup reads them), written to the variables torchrun
@@ -110,9 +138,10 @@ def adopt_slurm_ranks(env: dict[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     if "WORLD_SIZE" in env or "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
         return False
-    world, nodes = int(env["SLURM_NTASKS"]), int(env.get("SLURM_NNODES", "1"))
-    env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=str(world), LOCAL_RANK=env.get("SLURM_LOCALID", "0"),
-               LOCAL_WORLD_SIZE=str(max(1, world // max(1, nodes))))
+    check_launch_environment(env)
+    world, nodes = env_int("SLURM_NTASKS", 1, 1, env=env), env_int("SLURM_NNODES", 1, 1, env=env)
+    env.update(RANK=str(env_int("SLURM_PROCID", 0, env=env)), WORLD_SIZE=str(world),
+               LOCAL_RANK=str(env_int("SLURM_LOCALID", 0, env=env)), LOCAL_WORLD_SIZE=str(max(1, world // nodes)))
     if world > 1:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
         env.setdefault("MASTER_ADDR", first_slurm_host(nodelist))
@@ -122,9 +151,10 @@ def adopt_slurm_ranks(env: dict[str, str] | None = None) -> bool:
 
 def init_distributed(device_name: str = "auto") -> DistInfo:
     """Join the process group when launched by torchrun or SLURM's srun (WORLD_SIZE > 1), else single process."""
+    check_launch_environment()
     adopt_slurm_ranks()
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = env_int("WORLD_SIZE", 1, 1)
+    rank, local_rank = env_int("RANK", 0), env_int("LOCAL_RANK", 0)
     device = resolve_device(device_name, local_rank)
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
@@ -215,7 +245,7 @@ def default_threads(local_world_size: int | None = None) -> int:
     """Compute threads for one process: the cores it may use (affinity, cgroup quota) shared by the
     processes torchrun started on this machine. torch's own default counts every core of the machine,
     which oversubscribes a shared or containerised host."""
-    local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local = local_world_size or env_int("LOCAL_WORLD_SIZE", 1, 1)
     return max(1, usable_cores() // max(1, local))
 
 
@@ -223,7 +253,7 @@ def data_workers(requested: int, local_world_size: int | None = None) -> int:
     """DataLoader worker processes for one process: `requested`, capped by its share of the usable cores (a
     recipe written for an 8-core GPU node asks for 8; on 2 cores they only fight the training for the CPU, and
     torch warns about every loader). The cap is said once per process."""
-    local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local = local_world_size or env_int("LOCAL_WORLD_SIZE", 1, 1)
     cap = max(1, usable_cores() // max(1, local))
     if requested <= cap:
         return requested
@@ -299,7 +329,7 @@ def keep_freed_memory(enabled: bool = True) -> bool:
 
 def is_main_process() -> bool:
     """Rank 0 of a torchrun job, or a single process: the one that prints and writes."""
-    return int(os.environ.get("RANK", "0")) == 0
+    return env_int("RANK", 0) == 0
 
 
 def copy_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -324,7 +354,7 @@ def training_device_memory_bytes(device: str) -> int | None:
     machine's."""
     gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if gpu and torch.cuda.is_available():
-        index = int(device.split(":")[1]) if ":" in device else int(os.environ.get("LOCAL_RANK", "0"))
+        index = int(device.split(":")[1]) if ":" in device else env_int("LOCAL_RANK", 0)
         if index < torch.cuda.device_count():
             return torch.cuda.get_device_properties(index).total_memory
     return physical_memory_bytes()

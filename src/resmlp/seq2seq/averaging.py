@@ -26,8 +26,10 @@ from resmlp.errors import CheckpointError
 from resmlp.fileio import atomic_write
 from resmlp.seq2seq.runfolder import checkpoint_model_config, read_translation_checkpoint
 
-# fairseq names update checkpoints checkpoint_EPOCH_UPDATE.pt; a step is an update here
-KEPT = re.compile(r"checkpoint_(\d{1,15})\.pt")
+# fairseq names update checkpoints checkpoint_EPOCH_UPDATE.pt; a step is an update here. Only the name
+# keep_checkpoint writes (no leading zero, ASCII digits): checkpoint_06.pt beside checkpoint_6.pt is not a second
+# checkpoint of step 6, and \d would take non-ASCII digits int() reads as another step
+KEPT = re.compile(r"checkpoint_(0|[1-9][0-9]{0,14})\.pt")
 
 
 def kept_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:

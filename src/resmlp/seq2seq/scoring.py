@@ -38,7 +38,20 @@ def moses_tokenizer(lang: str = "en") -> Callable[[str], str] | None:
         return None
     except Exception as e:  # a damaged install raises whatever its code raises: SyntaxError, AttributeError...
         raise _broken_sacremoses(e) from None
-    return lambda text: moses.tokenize(text, return_str=True, escape=False)
+
+    def tokenize(text: str) -> str:
+        # a damaged or substituted install may return None or a list, or raise: one line, not a traceback from
+        # compound_split or sacrebleu far from the cause
+        try:
+            tokens = moses.tokenize(text, return_str=True, escape=False)
+        except Exception as e:  # noqa: BLE001 - whatever the damaged code raises
+            raise _broken_sacremoses(e) from None
+        if not isinstance(tokens, str):
+            raise _broken_sacremoses(TypeError(f"its tokenizer returned {type(tokens).__name__}, not text"))
+        return tokens
+
+    tokenize("a-b, c.")  # at load: a broken tokenizer is refused before any work, as a broken import is
+    return tokenize
 
 
 def _broken_sacremoses(e: Exception) -> InstallError:

@@ -11,7 +11,6 @@ does not exist here (ImageNet on a login node) is noted, not refused.
 from __future__ import annotations
 
 import dataclasses
-import os
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -21,8 +20,10 @@ from typing import Any
 import torch
 import yaml
 
+from resmlp.data.records import SourceSpec
+from resmlp.data.sources import parse_source
 from resmlp.errors import ConfigError
-from resmlp.runtime import adopt_slurm_ranks, training_device_memory_bytes
+from resmlp.runtime import adopt_slurm_ranks, env_int, training_device_memory_bytes
 from resmlp.train import memory
 from resmlp.train.sections import TrainConfig
 
@@ -36,7 +37,7 @@ def dry_run(load: Callable[[dict[str, Any]], TrainConfig], data_dir: str | None,
     run would continue a state file (not read here)."""
     adopt_slurm_ranks()  # the processes of a SLURM job step, as the run counts them
     cfg, unchecked = _validated(load, data_dir)
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    processes = env_int("WORLD_SIZE", 1, 1)
     t = cfg.train
     if t.batch_size % (processes * t.grad_accum):
         raise ConfigError(f"train.batch_size={t.batch_size} (global) must be divisible by processes x grad_accum = "
@@ -91,19 +92,34 @@ def _validated(load: Callable[[dict[str, Any]], TrainConfig], data_dir: str | No
 
 
 def _classes(cfg: TrainConfig) -> tuple[int, str]:
-    """The run's number of classes without reading images: the model section's, the dataset kind's, a folder's
-    class folders, else ImageNet's (assumed)."""
+    """The run's number of classes without reading images: the model section's, the source's (data.source, as
+    the run reads it: --data wins over the recipe's data.kind and data.dir), a folder's class map or class
+    folders, else ImageNet's (assumed)."""
     d = cfg.data
     if "num_classes" in cfg.model:
         return int(cfg.model["num_classes"]), "model.num_classes"
-    if d.kind == "synthetic":
+    spec = parse_source(d.source) if d.source else SourceSpec(d.kind, d.dir)
+    if spec.kind == "synthetic":
         return d.synthetic_classes, "data.synthetic_classes"
-    if d.kind in FIXED_CLASSES:
-        return FIXED_CLASSES[d.kind], f"the {d.kind} dataset's"
-    train = Path(d.dir or "") / "train"
-    if d.dir and train.is_dir():
-        return sum(1 for p in train.iterdir() if p.is_dir()), f"the class folders of {train}"
+    if spec.kind in FIXED_CLASSES:
+        return FIXED_CLASSES[spec.kind], f"the {spec.kind} dataset's"
+    if spec.kind == "folder" and spec.arg and Path(spec.arg).is_dir():
+        return _folder_classes(Path(spec.arg), d.class_map)
     return ASSUMED_CLASSES, "assumed, ImageNet's: the run takes them from the data"
+
+
+def _folder_classes(root: Path, class_map: str | None) -> tuple[int, str]:
+    """A folder's classes as the run counts them: its class map, else the class folders of its first split."""
+    from resmlp.data.sources.imagenet import class_folders, read_class_map, split_folders
+
+    if class_map:
+        return len(read_class_map(class_map)), f"the class map {class_map}"
+    folders = split_folders(root)
+    first = folders.get("train") or next(iter(folders.values()), None)
+    found = class_folders(first) if first else []
+    if not found:
+        return ASSUMED_CLASSES, f"assumed, ImageNet's: {root} has no split folder with class folders"
+    return len(found), f"the class folders of {first}"
 
 
 def _meta_model(cfg: TrainConfig, classes: int) -> tuple[torch.nn.Module | None, int]:

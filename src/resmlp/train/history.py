@@ -10,6 +10,7 @@ names a file that is not there.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from resmlp.checkpoint import save
+from resmlp.errors import CheckpointError
 from resmlp.fileio import read_json_object, write_json
 
 INDEX = "checkpoints.json"
@@ -28,13 +30,27 @@ def checkpoint_name(epoch: int) -> str:
 
 
 def kept_checkpoints(out: str | Path) -> list[dict[str, Any]]:
-    """The history's entries (epoch, score, file), best first; [] before its first write."""
+    """The history's entries (epoch, score, file), best first; [] before its first write. An entry this package
+    would not have written (a missing epoch, a string or NaN score, a file not named after its epoch) is refused
+    in one line: the list decides which files are deleted, so a guess could delete the best checkpoint."""
     index = Path(out) / INDEX
     if not index.is_file():
         return []
     entries = read_json_object(index, "checkpoint history").get("checkpoints")
-    return [e for e in entries if isinstance(e, dict) and FILE_NAME.fullmatch(str(e.get("file")))] \
-        if isinstance(entries, list) else []
+    if not isinstance(entries, list):
+        raise CheckpointError(f"{index}: expected a list under \"checkpoints\"; delete the file to start the "
+                              "history again (the checkpoint files stay until the next epoch replaces them)")
+    return [_checked_entry(entry, index, i) for i, entry in enumerate(entries)]
+
+
+def _checked_entry(entry: Any, index: Path, position: int) -> dict[str, Any]:
+    epoch = entry.get("epoch") if isinstance(entry, dict) else None
+    score = entry.get("score") if isinstance(entry, dict) else None
+    if not (type(epoch) is int and epoch >= 0 and type(score) in (int, float) and math.isfinite(score)
+            and entry.get("file") == checkpoint_name(epoch)):
+        raise CheckpointError(f"{index}: entry {position} ({str(entry)[:80]}) is not {{\"epoch\": N, \"score\": "
+                              "a finite number, \"file\": \"checkpoint-N.safetensors\"}; fix it or delete the file")
+    return dict(epoch=epoch, score=float(score), file=entry["file"])
 
 
 def keep_best(out: str | Path, keep: int, model: nn.Module, metadata: dict[str, Any], epoch: int,
@@ -44,7 +60,9 @@ def keep_best(out: str | Path, keep: int, model: nn.Module, metadata: dict[str, 
     out = Path(out)
     entries = [e for e in kept_checkpoints(out) if e["epoch"] < epoch]
     ranked = sorted(entries, key=lambda e: -e["score"])  # ties: the earlier epoch stays first (stable sort)
-    if len(ranked) < keep or score > ranked[keep - 1]["score"]:
+    # a non-finite score (a diverged run) ranks below every kept one and is never kept: NaN compares false
+    # against everything, and JSON has no NaN for the list
+    if math.isfinite(score) and (len(ranked) < keep or score > ranked[keep - 1]["score"]):
         entry = dict(epoch=epoch, score=score, file=checkpoint_name(epoch))
         save(model, out / entry["file"], metadata)  # (1)
         ranked = sorted([*ranked, entry], key=lambda e: -e["score"])

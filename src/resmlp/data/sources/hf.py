@@ -21,16 +21,26 @@ Wrong columns and labels out of range are refused in one line before training.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from resmlp.data.images import read_image_bytes
-from resmlp.data.records import MapRecords, Payload, Source, SourceSpec, Unreadable, optional_module
+from resmlp.data.records import (
+    MAX_CLASSES,
+    MapRecords,
+    Payload,
+    Source,
+    SourceSpec,
+    Unreadable,
+    check_class_names,
+    optional_module,
+)
 from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.errors import DataError
+from resmlp.fileio import read_json_object
 
 IMAGE_COLUMNS, LABEL_COLUMNS = ("image", "img"), ("label", "labels")
 SPLIT_WORDS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
@@ -108,6 +118,8 @@ def hf_source(spec: SourceSpec, streaming: bool = False, class_map: str | None =
     if not root.is_dir():
         raise FileNotFoundError(f"hf: {root} does not exist (a folder written by save_to_disk, or of parquet files)")
     splits = _load(datasets, root)
+    if not splits:
+        raise DataError(f"hf:{root} holds no split; expected a train split at least")
     made = {}
     for split, dataset in splits.items():
         made[split] = _records(datasets, dataset, f"{spec} {split}", streaming, class_map)
@@ -119,13 +131,12 @@ def hf_source(spec: SourceSpec, streaming: bool = False, class_map: str | None =
 
 def _load(datasets: Any, root: Path) -> dict[str, Any]:
     if (root / "dataset_dict.json").is_file():
-        loaded = datasets.load_from_disk(str(root))
-        unknown = [s for s in loaded if s not in SPLIT_WORDS]
-        if unknown:
-            raise DataError(f"{root}: split {unknown[0]!r} is not one of {', '.join(SPLIT_WORDS)}")
+        splits = _saved_splits(root)
+        loaded = {s: _guarded(lambda s=s: datasets.load_from_disk(str(root / s)), f"hf:{root / s}") for s in splits}
         return {SPLIT_WORDS[s]: d for s, d in loaded.items()}
     if (root / "dataset_info.json").is_file() or (root / "state.json").is_file():
-        return {"train": datasets.load_from_disk(str(root))}
+        _check_data_files(root)
+        return {"train": _guarded(lambda: datasets.load_from_disk(str(root)), f"hf:{root}")}
     files = sorted(p for folder in (root, root / "data") if folder.is_dir() for p in folder.glob("*.parquet"))
     if not files:
         raise FileNotFoundError(f"hf:{root} holds neither a dataset saved with datasets (save_to_disk) nor parquet "
@@ -137,12 +148,53 @@ def _load(datasets: Any, root: Path) -> dict[str, Any]:
             raise DataError(f"{path}: its name does not start with a split (train, validation, test...)")
         grouped.setdefault(SPLIT_WORDS[word], []).append(str(path))
     datasets.disable_progress_bars()  # one bar per file and split: noise before the training's own bar
+    unreadable = "its parquet files can't be read as one dataset per split (damaged, or two schemas in one split)"
+    return {split: _guarded(lambda split=split, paths=paths: datasets.Dataset.from_parquet(
+        paths, split="train" if split == "train" else "test"), f"hf:{root}", unreadable)
+        for split, paths in grouped.items()}
+
+
+def _saved_splits(root: Path) -> list[str]:
+    """The splits dataset_dict.json names, checked before datasets joins them to the folder: known split words
+    only (a name such as ../other would load another dataset), each a folder whose data files are its own."""
+    splits = read_json_object(root / "dataset_dict.json", "datasets' split list").get("splits")
+    if not isinstance(splits, list) or not splits:
+        raise DataError(f"{root / 'dataset_dict.json'} names no splits (an empty DatasetDict); save the dataset "
+                        "with its train split")
+    for split in splits:
+        if split not in SPLIT_WORDS:
+            raise DataError(f"{root}: split {str(split)[:40]!r} is not one of {', '.join(SPLIT_WORDS)}")
+        _check_data_files(root / split)
+    return splits
+
+
+def _check_data_files(folder: Path) -> None:
+    """The Arrow files state.json names are plain files of `folder`: datasets opens whatever path it holds
+    (../other/data.arrow, an absolute path, a link out), and the run would train on another dataset."""
+    state = folder / "state.json"
+    if not state.is_file():
+        raise DataError(f"{folder} has no state.json; it is not a dataset written by save_to_disk")
+    files = read_json_object(state, "datasets' state").get("_data_files")
+    if not isinstance(files, list) or not files:
+        raise DataError(f"{state}: expected a list of data files under \"_data_files\"")
+    for entry in files:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        path = folder / name if isinstance(name, str) else None
+        if path is None or Path(name).name != name or name in (".", "..") or path.is_symlink() or not path.is_file():
+            raise DataError(f"{state}: data file {str(name)[:80]!r} is not a file of {folder} (state.json may "
+                            "name only the Arrow files saved beside it)")
+
+
+def _guarded(call: Callable[[], Any], where: str, what: str = "can't be read as a saved dataset") -> Any:
+    """datasets' or pyarrow's own exceptions (a damaged file, features in dataset_info.json that disagree with
+    the Arrow data, two schemas) as one line naming the folder."""
+    datasets = optional_module("datasets")
     try:
-        return {split: datasets.Dataset.from_parquet(paths, split="train" if split == "train" else "test")
-                for split, paths in grouped.items()}
-    except (OSError, ValueError) as e:  # pyarrow's errors for a damaged file, datasets' for disagreeing schemas
-        raise DataError(f"hf:{root}: the parquet files can't be read as one dataset per split: "
-                        f"{str(e).splitlines()[0][:200]}") from None
+        return call()
+    except (OSError, ValueError, TypeError, KeyError, IndexError, datasets.exceptions.DatasetsError) as e:
+        cause = e.__cause__ or e  # DatasetGenerationError's own message is only "An error occurred..."
+        reason = (str(cause).splitlines() or [type(cause).__name__])[0][:200]
+        raise DataError(f"{where}: {what}: {type(cause).__name__}: {reason}") from None
 
 
 def _records(datasets: Any, dataset: Any, what: str, streaming: bool, class_map: str | None):
@@ -152,11 +204,13 @@ def _records(datasets: Any, dataset: Any, what: str, streaming: bool, class_map:
     if image is None or label is None or not isinstance(dataset.features[image], datasets.Image):
         raise DataError(f"{what}: expected an image column ({' or '.join(IMAGE_COLUMNS)}, of the Image feature) and a "
                         f"label column ({' or '.join(LABEL_COLUMNS)}); it has {', '.join(columns[:10])}")
-    dataset = dataset.cast_column(image, datasets.Image(decode=False))
-    labels = np.asarray(dataset.data.column(label).to_numpy(zero_copy_only=False))
+    dataset = _guarded(lambda: dataset.cast_column(image, datasets.Image(decode=False)), what,
+                       f"its {image} column can't be read undecoded")
+    labels = _guarded(lambda: np.asarray(dataset.data.column(label).to_numpy(zero_copy_only=False)), what,
+                      f"its {label} column can't be read")
     if labels.dtype.kind not in "iu":
         raise DataError(f"{what}: the {label} column holds {labels.dtype}, not class indices")
-    class_names = _class_names(datasets, dataset.features[label], labels, class_map)
+    class_names = _class_names(datasets, dataset.features[label], labels, class_map, label, what)
     bad = labels[(labels < 0) | (labels >= len(class_names))]
     if bad.size:
         raise DataError(f"{what}: label {int(bad[0])} is outside [0, {len(class_names)}) (the {len(class_names)} "
@@ -166,12 +220,19 @@ def _records(datasets: Any, dataset: Any, what: str, streaming: bool, class_map:
     return HfRecords(dataset, image, labels.astype(np.int64), class_names, what)
 
 
-def _class_names(datasets: Any, feature: Any, labels: np.ndarray, class_map: str | None) -> list[str]:
+def _class_names(datasets: Any, feature: Any, labels: np.ndarray, class_map: str | None, column: str,
+                 what: str) -> list[str]:
     if isinstance(feature, datasets.ClassLabel):
-        return list(feature.names)
+        return check_class_names(feature.names, f"{what}: the {column} column's ClassLabel")
     if class_map:
         from resmlp.data.sources.imagenet import read_class_map
 
-        return read_class_map(class_map)
-    return [str(i) for i in range(int(labels.max()) + 1 if labels.size else 0)] or ["0"]
-
+        return check_class_names(read_class_map(class_map), f"class map {class_map}")
+    # no names: the classes are 0..max label, counted before the list of names is made (one row labelled 2**31
+    # would otherwise make two billion names, then a head and a K x K confusion matrix of that size)
+    count = int(labels.max()) + 1 if labels.size else 1
+    if count > MAX_CLASSES:
+        raise DataError(f"{what}: the {column} column's largest label {count - 1:,} makes {count:,} classes, more than "
+                        f"{MAX_CLASSES:,} (the evaluation's {count:,} x {count:,} confusion matrix alone would take "
+                        f"~{count**2 * 8 / 2**30:,.0f} GiB); fix the labels, or give the column a ClassLabel feature")
+    return [str(i) for i in range(max(count, 1))]
