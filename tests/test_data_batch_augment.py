@@ -14,10 +14,10 @@ from PIL import Image
 from timm.data.transforms import RandomResizedCropAndInterpolation
 from torchvision import transforms
 
+from resmlp.data import synthetic
 from resmlp.data.device.batch_augment import BatchAugment, array_batches, eval_batches
 from resmlp.data.loading.assemble import build_data
 from resmlp.data.loading.samplers import ResumableSampler, sample_seed
-from resmlp.data import synthetic
 from resmlp.train.config import load_config
 from resmlp.train.state import seed_step
 
