@@ -6,8 +6,10 @@ On a GPU every aten op is a kernel launch costing the host ~5-20 us in eager mod
 with the batch makes the card wait for Python. A TorchDispatchMode counts every aten op (views included) that one
 batch dispatches, after one warm-up batch (which makes the per-device constants). The images: random uint8 images
 of 48-96 px a side (each a different size; the count depends on the batch's ops, not on the pixels), cropped to
-32 px. Counts are deterministic (the same seeds every run). `--device fake-cuda` runs the same code on fake CUDA
-tensors (tests/fakecuda.py: shapes without data), as a GPU would dispatch it.
+32 px. Counted: the batch ops (DeviceAugment(batched=True), what a GPU runs; on CPU tensors DeviceAugment's
+default takes faster per-image forms of three steps, docs/training.md). Counts are deterministic (the same seeds).
+`--device fake-cuda` runs the same code on fake CUDA tensors (tests/fakecuda.py: shapes without data), as a GPU
+would dispatch it.
 
 PATHS maps each path's name to a builder: (batch size, device) -> a function that runs one batch. Add a path there.
 """
@@ -64,14 +66,14 @@ def images(batch: int, device: str, seed: int = 0) -> list[torch.Tensor]:
 
 def deit(batch: int, device: str) -> Callable[[], object]:
     """The deit recipe's DeviceAugment on one batch of decoded images."""
-    augment = DeviceAugment(IMG_SIZE, 3, MEAN, STD, **DEIT)
+    augment = DeviceAugment(IMG_SIZE, 3, MEAN, STD, batched=True, **DEIT)
     pixels, seeds = images(batch, device), list(range(batch))
     return lambda: augment(pixels, seeds)
 
 
 def deit_mixup(batch: int, device: str) -> Callable[[], object]:
     """The deit path and then timm's Mixup/CutMix (batch mode, as resmlp.train.losses runs it)."""
-    augment, mixup = DeviceAugment(IMG_SIZE, 3, MEAN, STD, **DEIT), Mixup(**MIXUP)
+    augment, mixup = DeviceAugment(IMG_SIZE, 3, MEAN, STD, batched=True, **DEIT), Mixup(**MIXUP)
     pixels, seeds = images(batch, device), list(range(batch))
     targets = torch.arange(batch, device=device) % MIXUP["num_classes"]
     return lambda: mixup(augment(pixels, seeds), targets)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 LEVEL_DENOM = 10.0  # timm's _LEVEL_DENOM: magnitudes are on a 0-10 scale
 TRANSLATE_PCT = 0.45  # timm's default translate_pct for the *Rel translations
@@ -41,6 +42,7 @@ INCREASING_OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncr
 GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 SIGNED = GEOMETRIC + ("ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing")
 RESAMPLE = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest"}
+PIL_RESAMPLE = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
 L_WEIGHTS = (19595, 38470, 7471)  # PIL's RGB -> 'L' in 16-bit fixed point (Convert.c's L24), rounded by + 0x8000
 TRUNCATION_SLACK = 1e-3
 UNIFORMS_PER_LAYER = 6  # op, apply, two for the normal magnitude, sign, interpolation
@@ -165,6 +167,7 @@ class OpStep:
     mode: str  # grid_sample mode of the AFFINE step
     index: np.ndarray
     values: np.ndarray  # (n,) arguments, or (n, 2, 3) matrices
+    pixel_matrices: np.ndarray | None = None  # AFFINE: PIL's own (n, 2, 3) matrices, for the CPU form
 
 
 def plan_rand_augment(spec: RandAugmentSpec, draw: RandAugmentDraw, size: tuple[int, int],
@@ -187,17 +190,19 @@ def plan_rand_augment(spec: RandAugmentSpec, draw: RandAugmentDraw, size: tuple[
             for index in geometric_ops:
                 mine = draw.op[layer, chosen] == index
                 if mine.any():
-                    matrices[mine] = grid_theta(affine_matrix(spec.ops[index], draw.arg[layer, chosen[mine]], size),
-                                                size)
-            steps.append(OpStep(AFFINE, RESAMPLE[mode], chosen, matrices))
+                    matrices[mine] = affine_matrix(spec.ops[index], draw.arg[layer, chosen[mine]], size)
+            steps.append(OpStep(AFFINE, RESAMPLE[mode], chosen, grid_theta(matrices, size), matrices))
     return steps
 
 
-def run_step(x: torch.Tensor, step: OpStep, index: torch.Tensor, values: torch.Tensor,
-             fill: torch.Tensor) -> None:
-    """Apply `step` in place to the images `index` (on x's device) of the whole-valued batch x."""
+def run_step(x: torch.Tensor, step: OpStep, index: torch.Tensor, values: torch.Tensor, fill: torch.Tensor,
+             batched: bool = True) -> None:
+    """Apply `step` in place to the images `index` (on x's device) of the whole-valued batch x; not `batched`
+    (CPU tensors only): the geometric ops by PIL, image by image (pil_warp)."""
     chosen = x.index_select(0, index)
-    if step.name == AFFINE:
+    if step.name == AFFINE and not batched:
+        out = pil_warp(chosen, step.pixel_matrices, fill, step.mode)
+    elif step.name == AFFINE:
         out = warp(chosen, values.view(-1, 2, 3), fill, step.mode)
     else:
         out = COLOUR_OPS[step.name](chosen, values)
@@ -361,6 +366,21 @@ def warp(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor, mode: str) ->
     # hair below themselves, hence the small lift before truncating
     sampled = torch.floor(sampled + TRUNCATION_SLACK).clamp(0, 255)
     return torch.where(inside, sampled, fill.to(x.dtype).view(1, c, 1, 1))
+
+
+def pil_warp(x: torch.Tensor, matrices: np.ndarray, fill: torch.Tensor, mode: str) -> torch.Tensor:
+    """The CPU form of `warp`: PIL's Image.transform(AFFINE) itself, image by image, on whole-valued CPU floats.
+    timm's own op, so exact; and on one core ~5x faster than grid_sample's bicubic (about 1.5 against 7.9 ms
+    an image at 224 px, profiled under load), where an op costs no kernel launch."""
+    colour = tuple(int(v) for v in fill.tolist())  # a CPU tensor: no device read
+    pixels = x.to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    out = []
+    for image, matrix in zip(pixels, matrices, strict=True):
+        img = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
+        warped = img.transform(img.size, Image.AFFINE, tuple(matrix.ravel()), resample=PIL_RESAMPLE[mode],
+                               fillcolor=colour[0] if img.mode == "L" else colour)
+        out.append(torch.from_numpy(np.asarray(warped).copy()).view(x.shape[2], x.shape[3], -1))
+    return torch.stack(out).permute(0, 3, 1, 2).to(x.dtype) if out else x
 
 
 def fill_colour(mean: tuple[float, ...]) -> tuple[int, ...]:
