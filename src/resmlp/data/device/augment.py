@@ -3,20 +3,25 @@
 timm's training transform (create_transform, is_training=True) is, per PIL image: RandomResizedCropAndInterpolation
 (antialiased resize), RandomHorizontalFlip, RandAugment, ToTensor, Normalize, RandomErasing. `DeviceAugment` does
 the same to a batch of decoded uint8 images of any sizes on their device (a GPU, or the CPU), with no PIL and no
-loader worker:
+loader worker, as a fixed sequence of batch ops (~575 aten ops a batch whatever its size:
+benchmarks/device_op_counts.py):
 - the crop box, flip, RandAugment ops and erased box of every image are drawn on the CPU from the image's own
   uniforms (`uniforms`, from its sampler key), with timm's rules (the box: timm's get_params; the ops:
   resmlp.data.device.rand_augment; the erased box: timm's RandomErasing._erase, count 1, pixel noise);
 - those few numbers go to the device in one page-locked copy per batch;
-- each image is cropped and resized by F.interpolate(antialias=True) (torch's antialiased kernels were made to
-  match PIL's resize), rounded to whole values as PIL's uint8 output is; the rest runs on the whole batch.
-Erasing noise is drawn on the device by a generator seeded with the image's seed: it does not depend on the
-batch, and only the erased box's pixels are drawn (CPU and CUDA generators differ, so a CPU image's noise is not
-a GPU image's, as with timm's own erasing on either).
+- every image's crop is resized in one batched resample (resmlp.data.device.resample: PIL's antialiased weights as
+  two matrices per image, the images padded per group of like sizes), rounded to whole values as PIL's uint8
+  output is; flips, RandAugment's steps and normalisation run on the whole batch;
+- erasing fills each box, by a mask, with N(0, 1) noise that is a pure function of the image's key and the pixel
+  (`keyed_normal`, a counter-based hash in int32 torch ops): the same noise for an image in any batch, worker,
+  process or device.
+On CPU tensors, where an op costs no kernel launch, three steps take faster per-image forms (`batched` None):
+the crop by torch's uint8 resize, the geometric ops by PIL itself (rand_augment.pil_warp), the noise drawn for
+the box's pixels only (the same noise). `batched=True` runs the batch ops there too (the op-count test).
 
 Every image's numbers come from its sampler key, as in resmlp.data.device.batch_augment, so an image gets the same
-augmentation whatever its batch, device, number of processes or restart (equal on the CPU, within float
-rounding of the kernels on a GPU, erasing noise aside).
+augmentation whatever its batch, device, number of processes or restart (equal on the CPU; within 1 level of the
+resize and the kernels' float rounding between the CPU forms and the batch ops).
 """
 
 from __future__ import annotations
