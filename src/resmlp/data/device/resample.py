@@ -22,6 +22,7 @@ rounds. Memory: the float image, the two weight matrices (N, oh, H) and (N, ow, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,23 +50,30 @@ def resized_crop(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
     n, (h, w) = len(images), images.shape[-2:]
     # both axes' matrices in one go (rows first, then columns): half the ops of two calls
     outs = boxes.new_tensor(out_size).repeat_interleave(n)
+    taps = taps_bound(max(h, w), min(out_size), interpolation, antialias)
     both = resample_weights(torch.cat([boxes[:, 0], boxes[:, 1]]), torch.cat([boxes[:, 2], boxes[:, 3]]),
-                            torch.cat([sizes[:, 0], sizes[:, 1]]), outs, max(out_size), max(h, w), interpolation,
-                            antialias)
+                            torch.cat([sizes[:, 0], sizes[:, 1]]), outs, max(out_size), max(h, w), taps,
+                            interpolation, antialias)
     rows, cols = both[:n, :out_size[0], :h], both[n:, :out_size[1], :w]
-    x = images.float()
-    wide = torch.matmul(x, cols.transpose(1, 2).unsqueeze(1))  # (N, C, H, ow): PIL's horizontal pass first
-    if images.dtype == torch.uint8:  # PIL's intermediate image is uint8: clipped and rounded
-        wide = torch.floor(wide.clamp_(0, 255) + 0.5)
-    return torch.matmul(rows.unsqueeze(1), wide)
+    c, (oh, ow) = images.shape[1], out_size
+    # rows of all channels side by side, (N, H, C, W): both passes are then plain batched matmuls, no weight
+    # matrix expanded per channel; the float copy lives only for the first
+    x = images.new_empty((n, h, c, w), dtype=torch.float32).copy_(images.permute(0, 2, 1, 3))
+    wide = torch.bmm(x.view(n, h * c, w), cols.transpose(1, 2))  # (N, H * C, ow): PIL's horizontal pass first
+    del x
+    if images.dtype == torch.uint8:  # PIL's intermediate image is uint8: clipped and rounded (in place)
+        wide = wide.clamp_(0, 255).add_(0.5).floor_()
+    out = torch.bmm(rows, wide.view(n, h, c * ow))  # (N, oh, C * ow)
+    return out.view(n, oh, c, ow).permute(0, 2, 1, 3).contiguous()
 
 
 def resample_weights(start: torch.Tensor, length: torch.Tensor, valid: torch.Tensor, out: torch.Tensor,
-                     steps: int, padded: int, interpolation: str, antialias: bool) -> torch.Tensor:
+                     steps: int, padded: int, taps: int, interpolation: str, antialias: bool) -> torch.Tensor:
     """(N, steps, padded) float32: row i holds the weights of input pixels for output pixel i < out of a crop
     [start, start + length) resized to `out` pixels, of an axis with `valid` pixels, as PIL's precompute_coeffs
     computes them (its box argument, the taps cut at the crop's edges as after a crop); all float64 (N,) but
-    `valid`."""
+    `valid`. Computed on each output pixel's few taps (at most `taps`: taps_bound), then scattered into the dense
+    matrix: the temporaries are (N, steps, taps), not (N, steps, padded)."""
     scale = length / out
     filter_scale = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
     support = SUPPORT[interpolation] * filter_scale
@@ -74,15 +82,27 @@ def resample_weights(start: torch.Tensor, length: torch.Tensor, valid: torch.Ten
     first = torch.maximum(torch.floor(centre - support[:, None] + 0.5), torch.floor(start)[:, None])
     end = torch.minimum(torch.floor(centre + support[:, None] + 0.5),
                         torch.minimum(torch.ceil(start + length), valid.to(torch.float64))[:, None])
-    pixels = torch.arange(padded, device=start.device, dtype=torch.float32)
-    distance = (pixels - (centre - 0.5).float()[..., None]) / filter_scale.float()[:, None, None]
-    taps = (pixels >= first.float()[..., None]) & (pixels < end.float()[..., None])
+    offsets = torch.arange(taps, device=start.device, dtype=torch.float64)
+    pixels = first[..., None] + offsets  # (N, out, taps)
+    inside = pixels < end[..., None]
     if interpolation == "nearest":  # PIL's NEAREST with a box: the pixel under each output pixel's centre
-        taps &= pixels == torch.floor(centre).float()[..., None]
-        return taps.float()
-    weights = torch.where(taps, _kernel(distance, interpolation), 0.0)
-    total = weights.sum(-1, keepdim=True)
-    return weights / torch.where(total == 0, 1.0, total)
+        weights = (inside & (pixels == torch.floor(centre)[..., None])).float()
+    else:
+        distance = ((pixels - (centre - 0.5)[..., None]) / filter_scale[:, None, None]).float()
+        weights = torch.where(inside, _kernel(distance, interpolation), 0.0)
+        total = weights.sum(-1, keepdim=True)
+        weights = weights / torch.where(total == 0, 1.0, total)
+    # taps past the end carry weight 0 and may land on a real tap's index: scatter_add adds nothing for them
+    index = pixels.clamp(max=padded - 1).long()
+    dense = torch.zeros(len(start), steps, padded, device=start.device, dtype=torch.float32)
+    return dense.scatter_add_(2, index, weights)
+
+
+def taps_bound(padded: int, fewest_out: int, interpolation: str, antialias: bool) -> int:
+    """The most input pixels one output pixel can weigh, from host numbers: a crop is at most `padded` long,
+    so its scale factor at most padded / fewest_out (the filter's support widened by it when antialiasing)."""
+    widest = max(1.0, padded / fewest_out) if antialias else 1.0
+    return int(math.ceil(2 * SUPPORT[interpolation] * widest)) + 2
 
 
 def _kernel(x: torch.Tensor, interpolation: str) -> torch.Tensor:
