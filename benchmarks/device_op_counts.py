@@ -1,6 +1,7 @@
 """Ops dispatched per batch by each device augmentation path, at two batch sizes: whether they grow with the batch.
 
-    .venv/bin/python benchmarks/device_op_counts.py [--batches 16 256] [--device cpu|fake-cuda] [--json out.json]
+    .venv/bin/python benchmarks/device_op_counts.py [--batches 16 256] [--device cpu|fake-cuda] [--memory]
+        [--json out.json]
 
 On a GPU every aten op is a kernel launch costing the host ~5-20 us in eager mode, so a path whose op count grows
 with the batch makes the card wait for Python. A TorchDispatchMode counts every aten op (views included) that one
@@ -11,6 +12,9 @@ default takes faster per-image forms of three steps, docs/training.md). Counts a
 `--device fake-cuda` runs the same code on fake CUDA tensors (tests/fakecuda.py: shapes without data), as a GPU
 would dispatch it.
 
+`--memory`: the deit batch ops' peak memory at batch 256 of ImageNet-sized images, counted on fake CUDA tensors
+(PeakBytes: every storage an op makes, from then until it is freed).
+
 PATHS maps each path's name to a builder: (batch size, device) -> a function that runs one batch. Add a path there.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +32,7 @@ import numpy as np
 import torch
 from timm.data import Mixup
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from resmlp.data.device.augment import DeviceAugment
 from resmlp.fileio import write_json
@@ -55,6 +61,47 @@ class OpCounter(TorchDispatchMode):
     @property
     def total(self) -> int:
         return sum(self.ops.values())
+
+
+class PeakBytes(TorchDispatchMode):
+    """The most bytes of tensor storage that ops made inside it held at once (each storage counted from the op
+    that made it until it is freed): a device's peak above what the inputs already hold. Works on fake tensors
+    (no data, real sizes), so a GPU batch's memory is computed without a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage()._cdata not in self.live:
+                key = tensor.untyped_storage()._cdata
+                self.live[key] = tensor.untyped_storage().nbytes()
+                self.now += self.live[key]
+                self.peak = max(self.peak, self.now)
+                weakref.finalize(tensor.untyped_storage(), self._free, key)
+        return out
+
+    def _free(self, key: int) -> None:
+        self.now -= self.live.pop(key, 0)
+
+
+def imagenet_peak_mb(batch: int = 256, img_size: int = 224, seed: int = 0) -> dict[str, float]:
+    """The deit batch ops on fake CUDA (run from the repository root): `batch` decoded images of 333-500 px a
+    side (ImageNet's typical sizes), the MB they hold and the peak MB DeviceAugment adds while cropping them
+    to img_size, RandAugment and erasing them."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(333, 501, (batch, 2))
+    with on("fake-cuda") as device:
+        pixels = [torch.empty((3, int(h), int(w)), dtype=torch.uint8, device=device) for h, w in sizes]
+        augment = DeviceAugment(img_size, 3, MEAN, STD, batched=True, **DEIT)
+        augment(pixels[:2], [0, 1])
+        with PeakBytes() as peak:
+            augment(pixels, list(range(batch)))
+    return {"decoded_images_mb": round(int((3 * sizes.prod(1)).sum()) / 2 ** 20),
+            "augment_peak_mb": round(peak.peak / 2 ** 20)}
 
 
 def images(batch: int, device: str, seed: int = 0) -> list[torch.Tensor]:
@@ -112,6 +159,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 256])
     parser.add_argument("--device", choices=("cpu", "fake-cuda"), default="cpu")
+    parser.add_argument("--memory", action="store_true",
+                        help="also the deit batch ops' peak memory at batch 256 of ImageNet-sized images")
     parser.add_argument("--json", help="also write the counts here")
     args = parser.parse_args()
     with on(args.device) as device:
@@ -121,8 +170,12 @@ def main() -> None:
         row = ", ".join(f"{n} at {batch}" for batch, n in by_batch.items())
         growth = by_batch[max(by_batch)] / by_batch[min(by_batch)]
         print(f"  {path}: {row} (growth {growth:.2f}x)")
+    memory = imagenet_peak_mb() if args.memory else None
+    if memory:
+        print(f"deit batch ops, 256 images of 333-500 px to 224 px: the images {memory['decoded_images_mb']} MB, "
+              f"the augmentation's peak {memory['augment_peak_mb']} MB above them (fake CUDA, counted)")
     if args.json:
-        write_json(args.json, {"device": args.device, "counts": result})
+        write_json(args.json, {"device": args.device, "counts": result, "memory": memory})
 
 
 if __name__ == "__main__":

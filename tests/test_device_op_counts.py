@@ -38,3 +38,14 @@ def test_the_counter_sees_a_per_image_loop():
     finally:
         del op_counts.PATHS["per image"]
     assert large == 16 * small
+
+
+def test_the_memory_counter_sees_what_is_alive_at_once():
+    import torch
+
+    with op_counts.PeakBytes() as peak:
+        first = torch.zeros(1000)
+        second = torch.zeros(1000)
+        del first, second
+        third = torch.zeros(500)
+    assert peak.peak == 8000 and peak.now == 2000 and third.numel() == 500
