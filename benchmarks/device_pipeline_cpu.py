@@ -13,7 +13,8 @@ ImageNet's typical 500x375 and saved as JPEG quality 90, held in memory as bytes
   decode_jpeg of the whole batch and DeviceAugment: what data.pipeline=device does on a CPU host.
 - in-process: the same device-pipeline batch while a model step competes for the core is not measured here: one
   core, one thing at a time; images/s per core is the figure.
-`--memory`: also each path's peak resident memory (a fresh process each, ru_maxrss), a worker's footprint.
+`--memory`: also each path's peak resident memory (a fresh process each, ru_maxrss), a worker's footprint, and
+that of a process that only makes the photos ("none"), the part both share.
 Rounds alternate timm, device, timm, device... and each figure is the median over rounds, so a load change
 between the two hits both. torch runs one thread. Output: images/s per core of each and the ratio, the host.
 """
@@ -112,12 +113,13 @@ def measure(images: int, batch: int, rounds: int, img_size: int = 224) -> dict:
 
 
 def peak_rss_mb(path: str, images: int, batch: int, img_size: int = 224) -> float:
-    """Peak resident memory (MB) of a fresh process that imports this script and runs one `path` ("timm" or
-    "device") over `images` photos: a loader worker's footprint, each path in its own process so neither
-    inherits the other's peak."""
+    """Peak resident memory (MB) of a fresh process that imports this script, makes `images` photos and runs one
+    `path` ("timm" or "device"; "none": only the photos, the baseline) over them: a loader worker's footprint,
+    each in its own process so none inherits another's peak."""
+    run = {"timm": f"b.timm_path(p, {batch}, {img_size})", "device": f"b.device_path(p, {batch}, {img_size}, 0)",
+           "none": "None"}[path]
     code = (f"import resource, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import torch; "
-            f"torch.set_num_threads(1); import device_pipeline_cpu as b; p = b.photo_jpegs({images}); "
-            f"b.{path}_path(p, {batch}, {img_size}{', 0' if path == 'device' else ''}); "
+            f"torch.set_num_threads(1); import device_pipeline_cpu as b; p = b.photo_jpegs({images}); {run}; "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return round(int(out.stdout.split()[-1]) / 1024, 1)  # ru_maxrss is in KiB on Linux
@@ -142,7 +144,7 @@ def main() -> None:
     result = measure(args.images, args.batch, args.rounds, args.img_size)
     if args.memory:
         result["peak_rss_mb"] = {path: peak_rss_mb(path, args.images, args.batch, args.img_size)
-                                 for path in ("timm", "device")}
+                                 for path in ("none", "timm", "device")}
     print(json.dumps(result, indent=2))
     if args.json:
         write_json(args.json, result)
