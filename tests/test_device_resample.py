@@ -112,3 +112,22 @@ def test_the_deit_crops_are_the_same_in_one_group_or_many(monkeypatch):
     whole = augment(tensors, list(range(6)))
     monkeypatch.setattr(resample, "GROUP_PIXELS", 1)  # every image its own group
     assert torch.allclose(augment(tensors, list(range(6))), whole, atol=1e-5)
+
+
+def test_the_batch_ops_in_groups_read_nothing_back_on_a_gpu(monkeypatch):
+    """Under fake CUDA (tests/fakecuda.py) the batch ops, cut into one group per image and with every image
+    erased, make no host read and no unpinned or blocking copy: the batch's numbers go up in one pinned copy."""
+    from fakecuda import fake_cuda
+
+    from resmlp.data.device.augment import DeviceAugment
+
+    monkeypatch.setattr(resample, "GROUP_PIXELS", 1)
+    sizes = [(40, 60), (75, 50), (64, 64)]
+    with fake_cuda() as ledger:
+        images = [torch.empty((3, h, w), dtype=torch.uint8, device="cuda") for h, w in sizes]
+        augment = DeviceAugment(24, 3, (0.5,) * 3, (0.5,) * 3, auto_augment="rand-m9-mstd0.5-inc1", reprob=1.0)
+        augment(images, [1, 2, 3])
+        ledger.clear()  # the first batch moves the statistics to the device, once
+        out = augment(images, [4, 5, 6])
+        assert out.shape == (3, 3, 24, 24) and out.device.type == "cuda"
+    assert [e.kind for e in ledger.events] == []
