@@ -131,3 +131,13 @@ def test_the_batch_ops_in_groups_read_nothing_back_on_a_gpu(monkeypatch):
         out = augment(images, [4, 5, 6])
         assert out.shape == (3, 3, 24, 24) and out.device.type == "cuda"
     assert [e.kind for e in ledger.events] == []
+
+
+def test_an_in_memory_batch_cut_into_groups_keeps_its_images(monkeypatch):
+    from resmlp.data.device.augment import DeviceAugment
+
+    batch = torch.from_numpy(np.stack([photo(40, 48, seed) for seed in range(4)]))  # (N, H, W, C), one size
+    augment = DeviceAugment(16, 3, (0.5,) * 3, (0.5,) * 3, batched=True, reprob=0.5)
+    whole = augment(batch, [1, 2, 3, 4])
+    monkeypatch.setattr(resample, "GROUP_PIXELS", 2 * 40 * 48)  # two groups of two
+    assert torch.allclose(augment(batch, [1, 2, 3, 4]), whole, atol=1e-5)

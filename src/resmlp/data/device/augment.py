@@ -176,8 +176,9 @@ class DeviceAugment:
         out = []
         for (start, stop), group_shapes, boxes in zip(parts["groups"], parts["shapes"], parts["boxes"],
                                                       strict=True):
-            if isinstance(images, torch.Tensor):
-                batch = images if channels == images.shape[1] else images.expand(-1, channels, -1, -1)
+            if isinstance(images, torch.Tensor):  # one size: size_groups keeps the order, so a group is a slice
+                batch = images[start:stop]
+                batch = batch if channels == batch.shape[1] else batch.expand(-1, channels, -1, -1)
             else:
                 members = [images[i] for i in parts["order"][start:stop]]
                 tallest, widest = (int(v) for v in shapes[parts["order"][start:stop], 1:].max(0))
