@@ -10,7 +10,13 @@ path.
 
 The training process (`decode_batch`) decodes a batch's JPEGs with one torchvision.io.decode_jpeg call on the
 model's device (nvJPEG on CUDA, libjpeg-turbo on the CPU: the same call); the batch's bytes travel as one
-page-locked buffer. A JPEG whose header was fine but whose data is not falls back to PIL there, or is skipped.
+page-locked buffer. A JPEG whose header was fine but whose data is not falls back to PIL there, or is skipped;
+a batch in which no image decodes is a DataError (one line), not an empty batch.
+
+What a batch decodes on the device is bounded: each image's share of DEVICE_BATCH_PIXELS (the dataset's
+`share`, set by DevicePipeline.loader from the batch size). A JPEG over it is decoded by the worker at a
+reduced DCT scale (`reduced_jpeg`), a fallback image reduced to it (`within_share`): the per-image bound
+(check_image_size) alone let 256 huge headers ask the device for ~60 GB.
 """
 
 from __future__ import annotations
