@@ -3,7 +3,7 @@
 timm's training transform (create_transform, is_training=True) is, per PIL image: RandomResizedCropAndInterpolation
 (antialiased resize), RandomHorizontalFlip, RandAugment, ToTensor, Normalize, RandomErasing. `DeviceAugment` does
 the same to a batch of decoded uint8 images of any sizes on their device (a GPU, or the CPU), with no PIL and no
-loader worker, as a fixed sequence of batch ops (~575 aten ops a batch whatever its size:
+loader worker, as a fixed sequence of batch ops (~580 aten ops a batch whatever its size:
 benchmarks/device_op_counts.py):
 - the crop box, flip, RandAugment ops and erased box of every image are drawn on the CPU from the image's own
   uniforms (`uniforms`, from its sampler key), with timm's rules (the box: timm's get_params; the ops:

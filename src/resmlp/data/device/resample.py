@@ -6,7 +6,7 @@ output row is a weighted sum of input rows, each output column of input columns,
 (antialiasing) and normalised to sum 1, the taps cut at the crop's edges (nearest: the pixel under each output
 pixel's centre). So a crop + resize is two matrices per image, the crop's offset folded into them:
 out = Wy @ image @ Wx^T. With the images padded to one (H, W) (`pad_batch`) and the matrices built for the whole
-batch at once (zero past each image's valid region), a batch of any sizes and boxes is two batched matmuls: the
+batch at once (zero past each image's valid region), a batch of any sizes and boxes is batched matmuls: the
 number of ops does not depend on the batch size (resmlp.data.device.augment uses it on the GPU, where each op is
 a kernel launch).
 
@@ -16,8 +16,9 @@ torchvision's resized_crop likewise; neither takes per-image boxes. Tested again
 
 Like PIL on uint8 images, the horizontal pass runs first and its result is clamped and rounded to whole levels
 when the input is uint8 (PIL keeps the intermediate image in uint8); the output is not rounded: the caller
-rounds. Memory: the float image, the two weight matrices (N, oh, H) and (N, ow, W), the intermediate
-(N, C, H, ow) and the output (docs/training.md gives the figure at batch 256).
+rounds. Memory: the two weight matrices (N, oh, H) and (N, ow, W), built from each output pixel's few taps; then,
+channel by channel, the float copy of the channel (N, H, W) and its horizontal pass (N, H, ow); the output
+(docs/training.md gives the figure at batch 256).
 """
 
 from __future__ import annotations
@@ -55,16 +56,14 @@ def resized_crop(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
                             torch.cat([sizes[:, 0], sizes[:, 1]]), outs, max(out_size), max(h, w), taps,
                             interpolation, antialias)
     rows, cols = both[:n, :out_size[0], :h], both[n:, :out_size[1], :w]
-    c, (oh, ow) = images.shape[1], out_size
-    # rows of all channels side by side, (N, H, C, W): both passes are then plain batched matmuls, no weight
-    # matrix expanded per channel; the float copy lives only for the first
-    x = images.new_empty((n, h, c, w), dtype=torch.float32).copy_(images.permute(0, 2, 1, 3))
-    wide = torch.bmm(x.view(n, h * c, w), cols.transpose(1, 2))  # (N, H * C, ow): PIL's horizontal pass first
-    del x
-    if images.dtype == torch.uint8:  # PIL's intermediate image is uint8: clipped and rounded (in place)
-        wide = wide.clamp_(0, 255).add_(0.5).floor_()
-    out = torch.bmm(rows, wide.view(n, h, c * ow))  # (N, oh, C * ow)
-    return out.view(n, oh, c, ow).permute(0, 2, 1, 3).contiguous()
+    # channel by channel: the float copy of the images, the largest temporary, is one channel's at a time
+    planes = []
+    for channel in images.unbind(1):
+        wide = torch.bmm(channel.float(), cols.transpose(1, 2))  # (N, H, ow): PIL's horizontal pass first
+        if images.dtype == torch.uint8:  # PIL's intermediate image is uint8: clipped and rounded (in place)
+            wide = wide.clamp_(0, 255).add_(0.5).floor_()
+        planes.append(torch.bmm(rows, wide))  # (N, oh, ow)
+    return torch.stack(planes, 1)
 
 
 def resample_weights(start: torch.Tensor, length: torch.Tensor, valid: torch.Tensor, out: torch.Tensor,
