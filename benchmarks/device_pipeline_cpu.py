@@ -1,7 +1,8 @@
 """The recipe's training input pipeline on one CPU core: timm's per-image transform against the device pipeline
 run on the CPU, side by side in one run, on photo-like JPEGs at ImageNet sizes.
 
-    .venv/bin/python benchmarks/device_pipeline_cpu.py [--images 64] [--batch 32] [--rounds 3] [--json out.json]
+    .venv/bin/python benchmarks/device_pipeline_cpu.py [--images 64] [--batch 32] [--rounds 3] [--memory]
+        [--json out.json]
 
 The images: crops of scikit-learn's two sample photos (load_sample_images: 427x640), resized to sizes around
 ImageNet's typical 500x375 and saved as JPEG quality 90, held in memory as bytes (no disk in the timing).
@@ -12,6 +13,8 @@ ImageNet's typical 500x375 and saved as JPEG quality 90, held in memory as bytes
   decode_jpeg of the whole batch and DeviceAugment: what data.pipeline=device does on a CPU host.
 - in-process: the same device-pipeline batch while a model step competes for the core is not measured here: one
   core, one thing at a time; images/s per core is the figure.
+`--memory`: also each path's peak resident memory (a fresh process each, ru_maxrss), a worker's footprint, and
+that of a process that only makes the photos ("none"), the part both share.
 Rounds alternate timm, device, timm, device... and each figure is the median over rounds, so a load change
 between the two hits both. torch runs one thread. Output: images/s per core of each and the ratio, the host.
 """
@@ -22,7 +25,10 @@ import argparse
 import io
 import json
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -106,6 +112,19 @@ def measure(images: int, batch: int, rounds: int, img_size: int = 224) -> dict:
             "device_over_timm": round(device_rate / timm_rate, 2), "load_average": _load(), "host": host_info(None)}
 
 
+def peak_rss_mb(path: str, images: int, batch: int, img_size: int = 224) -> float:
+    """Peak resident memory (MB) of a fresh process that imports this script, makes `images` photos and runs one
+    `path` ("timm" or "device"; "none": only the photos, the baseline) over them: a loader worker's footprint,
+    each in its own process so none inherits another's peak."""
+    run = {"timm": f"b.timm_path(p, {batch}, {img_size})", "device": f"b.device_path(p, {batch}, {img_size}, 0)",
+           "none": "None"}[path]
+    code = (f"import resource, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import torch; "
+            f"torch.set_num_threads(1); import device_pipeline_cpu as b; p = b.photo_jpegs({images}); {run}; "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return round(int(out.stdout.split()[-1]) / 1024, 1)  # ru_maxrss is in KiB on Linux
+
+
 def _load() -> list[float] | None:
     try:
         return [round(v, 2) for v in __import__("os").getloadavg()]
@@ -119,9 +138,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--img-size", type=int, default=224)
+    parser.add_argument("--memory", action="store_true", help="also the peak memory of each path, in its own process")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
     result = measure(args.images, args.batch, args.rounds, args.img_size)
+    if args.memory:
+        result["peak_rss_mb"] = {path: peak_rss_mb(path, args.images, args.batch, args.img_size)
+                                 for path in ("none", "timm", "device")}
     print(json.dumps(result, indent=2))
     if args.json:
         write_json(args.json, result)

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from resmlp.cli import main
+from resmlp.data.device import decode
 from resmlp.data.device.augment import DeviceAugment
 from resmlp.data.device.decode import EncodedDataset, collate_encoded, decode_batch, device_decodable
 from resmlp.data.device.pipeline import DevicePipeline
@@ -212,3 +213,32 @@ def test_dino_trains_on_the_device_pipeline(tmp_path):
         code = main(["pretrain", "dino", "--data-dir", str(data), "--output", str(out), *sets])
     assert code == 0
     assert json.loads((out / "summary.json").read_text())["data_pipeline"]["decoded_on_device"] > 0
+
+
+def test_a_batch_in_which_no_image_decodes_is_one_line(capsys):
+    good = PAYLOADS["rgb jpeg"][0]
+    truncated_body = good[:len(good) // 2]  # fine headers: the workers pass them on, the decoders refuse them
+    data = EncodedDataset(BytesRecords([truncated_body, truncated_body]), 3)
+    pipeline = DevicePipeline(DeviceAugment(16, 3, (0.5,) * 3, (0.5,) * 3), data, 3)
+    with pytest.warns(UserWarning, match="decode_jpeg and PIL both refuse"), \
+            pytest.raises(DataError, match="no image of a batch of 2 could be decoded"):
+        pipeline(collate_encoded([data[(0, 0, i, i)] for i in range(2)]))
+
+
+def test_huge_jpegs_are_decoded_by_the_workers_within_the_batchs_share_of_pixels():
+    big = encoded(np.kron(photo(40, 50), np.ones((8, 8, 1), np.uint8)), quality=90)  # 320 x 400
+    small = PAYLOADS["rgb jpeg"][0]  # 37 x 53
+    data = EncodedDataset(BytesRecords([big, small, big]), 3)
+    pipeline = DevicePipeline(DeviceAugment(16, 3, (0.5,) * 3, (0.5,) * 3), data, 3)
+    pipeline.loader(None, batch_size=3, num_workers=0, device=torch.device("cpu"))
+    assert data.share == decode.DEVICE_BATCH_PIXELS // 3
+    data.share = 100 * 100  # as a batch of huge headers would: 128,000 pixels each is over the share
+    items = [data[(0, 0, i, i)] for i in range(3)]
+    assert [item[1] for item in items] == [False, True, False]  # the big ones come decoded, at 1/4 scale
+    assert items[0][0].shape == (80, 100, 3)
+    full = np.asarray(Image.open(io.BytesIO(big)).convert("RGB").reduce(4)).astype(int)
+    assert np.abs(items[0][0].astype(int) - full).mean() < 3  # the same picture
+    images, kept, _ = decode_batch(collate_encoded(items), torch.device("cpu"))
+    assert sum(image.numel() for image in images) <= 3 * 3 * data.share
+    x, _, _, counts = pipeline(collate_encoded(items))
+    assert x.shape == (3, 3, 16, 16) and counts["pil_fallback"] == 2

@@ -10,12 +10,19 @@ path.
 
 The training process (`decode_batch`) decodes a batch's JPEGs with one torchvision.io.decode_jpeg call on the
 model's device (nvJPEG on CUDA, libjpeg-turbo on the CPU: the same call); the batch's bytes travel as one
-page-locked buffer. A JPEG whose header was fine but whose data is not falls back to PIL there, or is skipped.
+page-locked buffer. A JPEG whose header was fine but whose data is not falls back to PIL there, or is skipped;
+a batch in which no image decodes is a DataError (one line), not an empty batch.
+
+What a batch decodes on the device is bounded: each image's share of DEVICE_BATCH_PIXELS (the dataset's
+`share`, set by DevicePipeline.loader from the batch size). A JPEG over it is decoded by the worker at a
+reduced DCT scale (`reduced_jpeg`), a fallback image reduced to it (`within_share`): the per-image bound
+(check_image_size) alone let 256 huge headers ask the device for ~60 GB.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +39,8 @@ from resmlp.data.records import Unreadable
 from resmlp.errors import DataError
 from resmlp.runtime import copy_to
 
+DEVICE_BATCH_PIXELS = 2 ** 28  # decoded pixels a batch may bring to the device: 0.8 GB of RGB uint8
+DCT_SCALES = (2, 4, 8)  # the reduced scales libjpeg decodes at (PIL's draft)
 JPEG_MODES = ("RGB", "L")  # what decode_jpeg(mode=RGB) turns into the RGB that PIL's convert('RGB') gives
 EXIF_ORIENTATION = 0x0112
 
@@ -53,21 +62,52 @@ def device_decodable(payload: bytes, what: str, max_pixels: int | None = None) -
         raise DataError(f"cannot read image {what}: {type(e).__name__}: {e}") from None
 
 
-def pixels(payload: Any, in_chans: int, max_pixels: int | None, what: str) -> np.ndarray:
-    """The fallback: a payload decoded as the timm path decodes it, (H, W) or (H, W, 3) uint8."""
+def pixels(payload: Any, in_chans: int, max_pixels: int | None, what: str,
+           share: int | None = None) -> np.ndarray:
+    """The fallback: a payload decoded as the timm path decodes it, (H, W) or (H, W, 3) uint8; over `share`
+    pixels, reduced to within it (`within_share`)."""
     if isinstance(payload, np.ndarray):
         return payload
     mode_chans = 1 if in_chans == 1 else 3
-    return np.asarray(decode_image(payload, mode_chans, max_pixels, what=what))
+    return np.asarray(within_share(decode_image(payload, mode_chans, max_pixels, what=what), share))
 
 
-def encoded_item(payload: Any, label: int, key: tuple, what: str, in_chans: int, max_pixels: int | None):
-    """One record as a worker hands it over: (payload, on_device, label, seed), payload the JPEG's bytes
-    (on_device True) or the decoded fallback pixels; None when unreadable (warned)."""
+def within_share(img: Image.Image, share: int | None) -> Image.Image:
+    """`img` reduced by the smallest whole factor (PIL's box-filter reduce) that brings it to `share` pixels."""
+    if share is None or img.width * img.height <= share:
+        return img
+    return img.reduce(math.ceil(math.sqrt(img.width * img.height / share)))
+
+
+def reduced_jpeg(payload: bytes, in_chans: int, share: int, what: str) -> np.ndarray:
+    """A plain JPEG (device_decodable) over the device's per-image share decoded by PIL at the DCT scale (1/2,
+    1/4 or 1/8: libjpeg decodes fewer coefficients, not all pixels then a resize) that brings it within
+    `share`, and reduced further if 1/8 is not enough: (H, W) or (H, W, 3) uint8."""
+    mode = "L" if in_chans == 1 else "RGB"
     try:
-        if isinstance(payload, (bytes, bytearray)) and device_decodable(payload, what, max_pixels)[0]:
-            return bytes(payload), True, int(label), sample_seed(key)
-        return pixels(payload, in_chans, max_pixels, what), False, int(label), sample_seed(key)
+        with Image.open(io.BytesIO(payload)) as img:
+            w, h = img.size
+            scale = next((s for s in DCT_SCALES if math.ceil(w / s) * math.ceil(h / s) <= share), DCT_SCALES[-1])
+            # PIL's draft picks the largest scale s with size // requested >= s: ask for size // scale
+            img.draft(mode, (max(1, w // scale), max(1, h // scale)))
+            return np.asarray(within_share(img.convert(mode), share))
+    except Exception as e:  # PIL raises many types for damaged data
+        raise DataError(f"cannot read image {what}: {type(e).__name__}: {e}") from None
+
+
+def encoded_item(payload: Any, label: int, key: tuple, what: str, in_chans: int, max_pixels: int | None,
+                 share: int | None = None):
+    """One record as a worker hands it over: (payload, on_device, label, seed), payload the JPEG's bytes
+    (on_device True) or the decoded fallback pixels; None when unreadable (warned). A JPEG over `share`
+    pixels (the device's per-image share of DEVICE_BATCH_PIXELS) is decoded here at a reduced scale."""
+    try:
+        if isinstance(payload, (bytes, bytearray)):
+            plain, (h, w) = device_decodable(payload, what, max_pixels)
+            if plain and (share is None or h * w <= share):
+                return bytes(payload), True, int(label), sample_seed(key)
+            if plain:
+                return reduced_jpeg(bytes(payload), in_chans, share, what), False, int(label), sample_seed(key)
+        return pixels(payload, in_chans, max_pixels, what, share), False, int(label), sample_seed(key)
     except DataError as e:
         warnings.warn(f"skipping unreadable image {what}: {e}", stacklevel=2)
         return None
@@ -78,6 +118,7 @@ class EncodedDataset(torch.utils.data.Dataset):
 
     def __init__(self, records: Any, in_chans: int, max_pixels: int | None = None) -> None:
         self.records, self.in_chans, self.max_pixels = records, in_chans, max_pixels
+        self.share: int | None = None  # the device's per-image share of pixels (DevicePipeline.loader sets it)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -90,7 +131,7 @@ class EncodedDataset(torch.utils.data.Dataset):
         except DataError as e:
             warnings.warn(f"skipping unreadable image {what}: {e}", stacklevel=2)
             return None
-        return encoded_item(payload, label, key, what, self.in_chans, self.max_pixels)
+        return encoded_item(payload, label, key, what, self.in_chans, self.max_pixels, self.share)
 
 
 class EncodedStream(torch.utils.data.IterableDataset):
@@ -100,6 +141,7 @@ class EncodedStream(torch.utils.data.IterableDataset):
 
     def __init__(self, stream: Any, in_chans: int, max_pixels: int | None = None) -> None:
         self.stream, self.in_chans, self.max_pixels = stream, in_chans, max_pixels
+        self.share: int | None = None  # as EncodedDataset's
 
     def __iter__(self):
         for key, payload, label in self.stream.records.samples(self.stream.plan):
@@ -107,7 +149,7 @@ class EncodedStream(torch.utils.data.IterableDataset):
                 warnings.warn(f"skipping unreadable image {key[3]}: {payload}", stacklevel=2)
                 yield None
                 continue
-            yield encoded_item(payload, label, key, str(key[3]), self.in_chans, self.max_pixels)
+            yield encoded_item(payload, label, key, str(key[3]), self.in_chans, self.max_pixels, self.share)
 
 
 @dataclass
@@ -166,6 +208,9 @@ def decode_batch(batch: EncodedBatch, device: torch.device, in_chans: int = 3,
         if image is not None:
             images.append(image)
             kept.append(position)
+    if not images:
+        raise DataError(f"no image of a batch of {len(batch.lengths)} could be decoded (decode_jpeg and PIL both "
+                        "refused every one; see the warnings above); check the dataset files")
     return images, kept, fallbacks
 
 

@@ -20,7 +20,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from resmlp.data.device.augment import DeviceAugment
-from resmlp.data.device.decode import EncodedBatch, EncodedDataset, EncodedStream, collate_encoded, decode_batch
+from resmlp.data.device.decode import (
+    DEVICE_BATCH_PIXELS,
+    EncodedBatch,
+    EncodedDataset,
+    EncodedStream,
+    collate_encoded,
+    decode_batch,
+)
 from resmlp.runtime import copy_to
 
 PIPELINES = ("device", "timm")
@@ -39,6 +46,9 @@ class DevicePipeline:
         """The DataLoader of the pipeline for a model on `device`: workers read (and, on a CPU host, decode and
         augment: in_workers); the last partial batch dropped, as on the timm path."""
         self.device = device
+        # each image's share of the pixels a batch may decode on the device (issue 48: 256 huge headers asked
+        # ~60 GB); larger JPEGs are decoded by the workers at a reduced DCT scale (resmlp.data.device.decode)
+        self.dataset.share = DEVICE_BATCH_PIXELS // batch_size
         collate = self.collate if in_workers(device, num_workers) else collate_encoded
         if isinstance(self.dataset, EncodedStream):  # it orders itself; fresh workers read each epoch's plan
             return DataLoader(self.dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate,
