@@ -177,3 +177,29 @@ def test_seeded_dataset_repeats_augmentation_for_the_same_key():
     ds = SeededDataset(synthetic("train", 8, 2, 16, transform=pre.train_transform(reprob=0.5)))
     first, again, other = ds[(0, 1, 5, 3)][0], ds[(0, 1, 5, 3)][0], ds[(0, 1, 6, 3)][0]
     assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_repeated_augmentation_on_few_processes_keeps_copies_out_of_one_batch(world_size):
+    """DeiT dealt the 3 copies of an image to 3 GPUs; on fewer processes than repeats no batch may hold two
+    copies of one image (they would share one Mixup lambda and CutMix box), and every image keeps its number of
+    copies in the epoch's share (timm's RepeatAugSampler's selection), exactly resumable."""
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    ds, batch = list(range(96)), 16
+    for rank in range(world_size):
+        for epoch in (0, 1):
+            sampler = ResumableSampler(ds, seed=3, world_size=world_size, rank=rank, repeats=3)
+            sampler.set_position(epoch)
+            order = [key[3] for key in sampler]
+            timm_share = RepeatAugSampler(ds, num_replicas=world_size, rank=rank, num_repeats=3)
+            timm_share.set_epoch(3 * 100_003 + epoch)
+            assert sorted(order) == sorted(timm_share)  # the same images, as often
+            timm_order = list(timm_share)
+            assert any(a == b for a, b in zip(timm_order, timm_order[1:], strict=False))  # timm's: copies adjacent
+            for start in range(0, len(order), batch):
+                chunk = order[start:start + batch]
+                assert len(set(chunk)) == len(chunk), (rank, epoch, start, chunk)
+            resumed = ResumableSampler(ds, seed=3, world_size=world_size, rank=rank, repeats=3)
+            resumed.set_position(epoch, skip=7)
+            assert [key[3] for key in resumed] == order[7:]

@@ -53,6 +53,8 @@ CITED: dict[str, dict[str, tuple[object, str, str]]] = {
         "train.batch_size": (2048, D106, "Batch size: 2048"),
         "train.amp": ("fp32", D106, "FP16: False"),
         "train.clip_grad": (None, DEIT_DEFAULT, "--clip-grad None"),
+        # DeiT main.py keeps an EMA by default but scores and saves as `model` the raw weights: those are scored here
+        "train.ema": (False, "DeiT main.py", "evaluate(data_loader_val, model, device); checkpoint['model']"),
     },
     "cifar-finetune": {
         "model.drop_path_rate": (0.05, D117, "drop-path: 0.1 (for 24) / 0.05 (for 12)"),

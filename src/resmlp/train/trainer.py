@@ -274,13 +274,13 @@ class Trainer:
             self._stop_non_finite(f"the weights became NaN/infinite by the end of epoch {self.epoch + 1}")
 
     def _optimizer_step(self, step_loss: torch.Tensor) -> None:
-        """Clip, step, schedule, EMA, with the update undone on the device if the loss or gradients are not
-        finite (fp16: the GradScaler skips steps with non-finite gradients itself)."""
+        """Unscale, clip (every precision, as timm's NativeScaler and DINO), step, schedule, EMA; the update undone
+        on the device if the loss or gradients are not finite (fp16: the GradScaler skips those steps itself)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         t = self.cfg.train
-        grad_norm = total_grad_norm(self.model, t.clip_grad, t.clip_mode) if self.scaler is None else None
-        ok = all_finite(step_loss, grad_norm)
+        grad_norm = total_grad_norm(self.model, t.clip_grad, t.clip_mode) if t.clip_grad or not self.scaler else None
+        ok = all_finite(step_loss, None if self.scaler else grad_norm)  # fp16: the scaler skips overflowed steps
         if self.info.enabled:  # one verdict for all ranks (no host read: a collective on the device)
             ok = all_reduce_sum((~ok).to(torch.int32).view(1), self.info)[0] == 0
         self.task.before_optimizer_step(self)

@@ -4,6 +4,12 @@
 distributed), skips the samples already consumed in the current epoch, and hands each sample a key
 (seed, epoch, global position). `SeededDataset` seeds the augmentation RNGs from that key, so a sample
 gets the same augmentation whatever the number of processes, data-loader workers or restarts.
+
+Repeated augmentation on fewer processes than repeats: timm's RepeatAugSampler (DeiT's RASampler) deals the
+copies of an image to consecutive ranks, so on DeiT's 8+ GPUs they land in different batches; on one process
+they would stand side by side in one batch, sharing one Mixup lambda, one CutMix box and mostly one partner.
+There `spread_copies` reorders each rank's share (the same images, each as often) so that no batch holds two
+copies of one image (for batches up to half the images of the share).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class ResumableSampler(Sampler):
         else:
             self.inner = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
         self.epoch, self.skip = 0, 0
+        self.spread = repeats > world_size  # copies would meet in one rank's batches: see the module doc
 
     def set_position(self, epoch: int, skip: int = 0) -> None:
         """Start of `epoch`, leaving out its first `skip` samples of this rank (already trained on)."""
@@ -38,13 +45,37 @@ class ResumableSampler(Sampler):
         self.inner.set_epoch(offset + epoch)
 
     def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
-        for pos, index in enumerate(self.inner):
+        order = spread_copies(list(self.inner), hash((self.seed, self.epoch))) if self.spread else self.inner
+        for pos, index in enumerate(order):
             if pos >= self.skip:
                 # both wrapped samplers deal the global order round-robin: rank r takes r, r + W, r + 2W...
                 yield self.seed, self.epoch, pos * self.world_size + self.rank, index
 
     def __len__(self) -> int:
         return len(self.inner) - self.skip
+
+
+def spread_copies(indices: list[int], seed: int) -> list[int]:
+    """The same indices, as often, ordered so that copies of one index are far apart: block k holds every
+    index's (k+1)-th copy, in a seeded order. The first block keeps the given (shuffled) order and its first half
+    H1 opens every later block too (H1 first, then the rest, each part permuted): a batch crossing from one block
+    into the next takes the tail of one (not H1) and the head of the next (H1), so a batch of at most half a block
+    never holds two copies of an index."""
+    generator = torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+    copies: dict[int, int] = {}
+    blocks: list[list[int]] = []
+    for index in indices:
+        k = copies.get(index, 0)
+        copies[index] = k + 1
+        if k == len(blocks):
+            blocks.append([])
+        blocks[k].append(index)
+    head = set(blocks[0][: (len(blocks[0]) + 1) // 2]) if blocks else set()
+    order = list(blocks[0]) if blocks else []
+    for block in blocks[1:]:
+        for part in ([i for i in block if i in head], [i for i in block if i not in head]):
+            order.extend(part[j] for j in torch.randperm(len(part), generator=generator).tolist())
+    return order
 
 
 class ShardSampler(Sampler):
