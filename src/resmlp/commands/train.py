@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from pathlib import Path
 
 from resmlp.commands.common import (
@@ -90,7 +91,13 @@ def run_train(args: argparse.Namespace) -> int:
         from resmlp.train.config import load_config
 
         return print_dry_run(args, lambda more: load_config(recipe_for(args), {**overrides, **more}, False))
-    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume, max_steps=args.max_steps)
+    recipe = recipe_for(args)
+    if recipe == args.default_recipe and args.recipe is None:
+        from resmlp.train.config import default_recipe_notice
+
+        if notice := default_recipe_notice(recipe, overrides):
+            print(notice, file=sys.stderr, flush=True)
+    summary = train(recipe, args.output, overrides=overrides, resume=args.resume, max_steps=args.max_steps)
     if not stopped_early(summary, args):
         print_summary(summary, args.output)
     return 0
