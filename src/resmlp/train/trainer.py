@@ -94,7 +94,7 @@ class Trainer:
                              f"batch ({t.batch_size}); lower train.batch_size")
         self._build_optimization()
         self.loss_fn = task.build_loss(self, num_classes)
-        self.compile_choice = CompileChoice(str(t.compile).lower(), device, info.world_size)
+        self.compile_choice = CompileChoice(str(t.compile).lower(), device, info.world_size, max_steps)
         self.train_model: nn.Module = self._compiled(self.model) if self.compile_choice.decided else self.model
         if self.compile_choice.decided and info.is_main:  # the bar waits at its first step while torch compiles
             print(f"{self.compile_choice.reason}: the first step compiles the model (a minute or more on a CPU)",
@@ -306,7 +306,7 @@ class Trainer:
         """train.compile=auto: compile once the eager steps say the rest of the run pays for it."""
         remaining = (self.cfg.schedule.epochs - self.epoch) * self.steps_per_epoch - self.step_in_epoch
         sync = torch.cuda.synchronize if self.info.device.type == "cuda" else (lambda: None)
-        if self.compile_choice.after_step(remaining, sync):
+        if self.compile_choice.after_step(remaining, sync, self.global_step):
             self.train_model = self._compiled(self.train_model)
             if self.info.is_main:
                 print(self.compile_choice.reason + ": compiling (the next step takes a minute or more on a CPU)",
