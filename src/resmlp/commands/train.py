@@ -16,6 +16,7 @@ from resmlp.commands.common import (
     add_training_arguments,
     amp_value,
     batch_size,
+    exit_status,
     print_dry_run,
     recipe_for,
     stopped_early,
@@ -100,7 +101,7 @@ def run_train(args: argparse.Namespace) -> int:
     summary = train(recipe, args.output, overrides=overrides, resume=args.resume, max_steps=args.max_steps)
     if not stopped_early(summary, args):
         print_summary(summary, args.output)
-    return 0
+    return exit_status(summary)
 
 
 def print_summary(summary: dict, output: str) -> None:

@@ -41,7 +41,7 @@ from resmlp.runtime import (
     resolve_amp,
 )
 from resmlp.train.config import TrainConfig
-from resmlp.train.controls import at_step_limit, stop_at_step_limit
+from resmlp.train.controls import should_stop, stop_early
 from resmlp.train.outputs import checkpoint_metadata, run_summary, score_test_split, side_outputs
 from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
 from resmlp.train.step import (
@@ -141,12 +141,12 @@ class Trainer:
             if self.history:  # a resume: the files a kill during the last epoch's side outputs left unwritten
                 side_outputs(self, self.history[-1], logs=False)
         try:
-            while self.epoch < self.cfg.schedule.epochs and not at_step_limit(self):
+            while self.epoch < self.cfg.schedule.epochs and not should_stop(self):
                 self._train_epoch()
-                if self.step_in_epoch == self.steps_per_epoch:  # not stopped by --max-steps within the epoch
+                if self.step_in_epoch == self.steps_per_epoch:  # not stopped within the epoch (--max-steps, a signal)
                     self._end_epoch()
             if self.epoch < self.cfg.schedule.epochs:
-                return stop_at_step_limit(self, self._save_state)
+                return stop_early(self, self._save_state)
         finally:
             if self.info.is_main:
                 self.tb.close()
@@ -162,7 +162,7 @@ class Trainer:
         self.totals.reset()
         self.loss_before = self.epoch_totals[0].item()  # a resumed epoch's loss sum so far (host tensor)
         self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, 0.0
-        while self.step_in_epoch < self.steps_per_epoch and not at_step_limit(self):
+        while self.step_in_epoch < self.steps_per_epoch and not should_stop(self):
             seed_step(t.seed, self.global_step, self.info.rank)
             step_loss, images = self._forward_backward(micro_batches)
             images_seen += images
