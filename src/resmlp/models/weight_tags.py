@@ -56,7 +56,11 @@ def hub_cache() -> Path:
 
 
 def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
+    """HF_HUB_OFFLINE as it is now, or as huggingface_hub read it at its import (its constants)."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
+            or bool(constants.HF_HUB_OFFLINE))
 
 
 def hub_reachable() -> bool:
