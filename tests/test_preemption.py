@@ -95,3 +95,42 @@ def test_slurms_warning_signal_and_ctrl_c_stop_at_the_step_boundary(tmp_path, na
     assert torch.load(tmp_path / "run" / "last.pth", weights_only=True)["global_step"] == 2
     assert signal.getsignal(signal.SIGINT) is before  # the handlers are the caller's again
     assert f"stopped by {name}" in capsys.readouterr().out
+
+
+def test_a_forked_data_loader_worker_ignores_the_signal_its_run_stops_for():
+    """A scheduler (and a terminal's Ctrl-C) signals every process: a worker must keep serving, not die or stop."""
+    from resmlp.train import preemption
+
+    with preemption.stop_on_signals():
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(0 if preemption.requested() is None else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0 and preemption.requested() is None
+
+
+def test_a_signal_to_the_whole_job_with_data_loader_workers_still_stops_cleanly(tmp_path):
+    """SLURM and a terminal signal every process: the workers must neither die first (torch would raise in the
+    middle of the step) nor outlive the run (a worker deaf to its parent's SIGTERM hangs the exit)."""
+    import numpy as np
+    from PIL import Image
+
+    for label in range(2):
+        (tmp_path / "data" / "train" / f"c{label}").mkdir(parents=True)
+        for i in range(16):
+            Image.fromarray(np.full((8, 8, 3), 100 * label + i, dtype=np.uint8)).save(
+                tmp_path / "data" / "train" / f"c{label}" / f"{i}.png")
+    # sent by another process, as slurmstepd or a terminal sends it (torch's worker exits quietly on its parent's)
+    child = SIGNALLED_CHILD.replace("os.kill(os.getpid(), getattr(signal, sys.argv[1]))",
+                                    "os.waitpid(os.fork() or (os.killpg(0, signal.SIGTERM), os._exit(0))[1], 0)")
+    run = tmp_path / "run"
+    flags = ["--data", f"folder:{tmp_path / 'data'}", "--input-size", "3", "8", "8", "--set", "model.patch_size=4",
+             "--set", "data.num_workers=1", "--set", "data.val_size=8", "--set", "data.batch_augment=false"]
+    overrides = {k: v for k, v in OVERRIDES.items() if not k.startswith(("data.", "model.img_size"))}
+    stopped = subprocess.run([sys.executable, "-c", child, "SIGTERM", "train", "--recipe", "fashion-mnist-quick",
+                              "--output", str(run), *sets(overrides), *flags],
+                             capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    assert "Traceback" not in stopped.stderr and "RuntimeError" not in stopped.stderr, stopped.stderr[-2000:]
+    assert torch.load(run / "last.pth", weights_only=True)["global_step"] == 3
