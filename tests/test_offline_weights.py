@@ -77,7 +77,12 @@ def test_create_model_pretrained_without_network_fails_fast_and_reads_torch_hubs
 def test_the_probe_gives_up_within_its_bound_whatever_the_lookup_takes(monkeypatch):
     """A DNS lookup takes no timeout: the probe waits PROBE_SECONDS at most, then counts the Hub out of reach."""
     monkeypatch.setattr(weight_tags, "PROBE_SECONDS", 0.2)
-    monkeypatch.setattr(weight_tags.socket, "create_connection", lambda *args, **kwargs: time.sleep(30))
+
+    def lookup_that_hangs(*args, **kwargs):
+        time.sleep(3)  # > PROBE_SECONDS: the probe has given up by then
+        raise OSError("name resolution timed out")
+
+    monkeypatch.setattr(weight_tags.socket, "create_connection", lookup_that_hangs)
     weight_tags._connects.cache_clear()
     start = time.perf_counter()
     assert weight_tags._connects("hub.invalid", 443) is False
