@@ -62,3 +62,24 @@ def test_plain_lines_carry_the_eta_at_this_runs_rate(monkeypatch):
     first, last = log.getvalue().splitlines()
     assert first.endswith(", 2 step/s, ETA 01:40"), first
     assert "ETA" not in last  # done: nothing left to estimate
+
+
+def test_the_trainer_hands_max_steps_and_its_step_count_to_compile_auto(tmp_path, monkeypatch):
+    from resmlp.train import train
+    from resmlp.train import trainer as trainer_module
+
+    seen = []
+
+    class Recording(CompileChoice):
+        def after_step(self, remaining_steps, sync, global_step=0):
+            seen.append((self.step_limit, remaining_steps, global_step))
+            return super().after_step(remaining_steps, sync, global_step)
+
+    monkeypatch.setattr(trainer_module, "CompileChoice", Recording)
+    overrides = {"data.kind": "synthetic", "data.synthetic_size": [64, 16], "data.num_workers": 0,
+                 "model.img_size": 16, "model.patch_size": 8, "model.dim": 16, "model.depth": 1,
+                 "schedule.epochs": 50, "schedule.warmup_epochs": 0, "train.batch_size": 16, "train.threads": 1,
+                 "train.progress": False, "train.compile": "auto"}
+    train("fashion-mnist-quick", tmp_path / "run", overrides=overrides, max_steps=4)
+    assert [(limit, step) for limit, _, step in seen] == [(4, 1), (4, 2), (4, 3), (4, 4)]
+    assert seen[0][1] > 100  # the schedule's steps left: the limit is applied inside CompileChoice
