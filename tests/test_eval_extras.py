@@ -107,6 +107,8 @@ def test_a_valid_label_subset_scores_the_models_logits_on_those_classes(run, tmp
 @pytest.mark.parametrize(("flag", "text", "said"), [
     ("--valid-labels", "1\nthree\n", "one class index (a non-negative integer) per line"),
     ("--valid-labels", "1\n1\n4\n", "appears twice"),
+    ("--valid-labels", "1\n3\n9\n", "index 9 but the model predicts 6 classes"),
+    ("--valid-labels", "1\n3\n", "2 classes but the data has 6"),
     ("--real-labels", '{"a": 1}', "a JSON list with, per image, a list of class indices"),
     ("--real-labels", "[[1], [2]]", "lists 2 images but the split has 12"),
 ])

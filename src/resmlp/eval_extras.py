@@ -182,16 +182,20 @@ class EvalExtras:
                    topk, read_real_labels(real_labels) if real_labels else None,
                    read_valid_labels(valid_labels) if valid_labels else None)
 
-    def data_classes(self, model_classes: int) -> int:
-        """How many classes the evaluated logits have: the subset's, else the model's."""
-        return len(self.valid) if self.valid is not None else model_classes
+    @property
+    def per_image(self) -> bool:
+        """Whether an extra pairs each image with its predictions (ReaL, the results file)."""
+        return self.real is not None or self.results is not None
 
-    def wrap(self, model: nn.Module, model_classes: int, data_classes: int) -> nn.Module:
+    def check_valid(self, model_classes: int, data_classes: int) -> None:
+        """The subset fits the model and the data (before any image is read)."""
+        check_valid_labels(self.valid, model_classes, data_classes, self.valid_labels)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
         """The model as evaluated: restricted to the subset, its top-k recorded where a per-image extra asks."""
         if self.valid is not None:
-            check_valid_labels(self.valid, model_classes, data_classes, self.valid_labels)
             model = ValidLabels(model, self.valid)
-        if self.real is not None or self.results is not None:
+        if self.per_image:
             model = self.recorder = TopKRecorder(model, max(self.topk, max(REAL_TOPK) if self.real else 1))
         return model
 
@@ -200,7 +204,7 @@ class EvalExtras:
         """The summary's extra entries (ReaL scores, the results file) once every batch was evaluated. files:
         each image's file (None where the data has no per-image names: a stream)."""
         if self.recorder is None:
-            return {}
+            raise ValueError("EvalExtras.finish before wrap: no predictions were recorded")
         if files is None or skipped:
             why = f"{skipped} unreadable images were skipped" if skipped else "streamed data has no image order"
             raise DataError(f"--real-labels and --results pair each image with its row, but {why}; evaluate a "

@@ -158,12 +158,14 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     pre = loaded.preprocess
     dataset = build_dataset(spec, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size, **options)
     names = dataset.class_names
-    num_classes = extras.data_classes(loaded.num_classes)
-    if num_classes != len(names) and extras.valid is None:
+    num_classes = loaded.num_classes
+    if extras.valid is not None:
+        extras.check_valid(num_classes, len(names))
+    elif num_classes != len(names):
         raise ValueError(f"{checkpoint} predicts {num_classes} classes but the {data} dataset has {len(names)}; "
                          "for a subset of its classes pass --valid-labels FILE (ImageNet-A/R)")
-    model_names = ([loaded.class_names[i] for i in extras.valid if i < len(loaded.class_names)]
-                   if loaded.class_names and extras.valid is not None else loaded.class_names)
+    model_names = ([loaded.class_names[i] for i in extras.valid] if loaded.class_names and extras.valid is not None
+                   else loaded.class_names)
     if model_names and list(model_names) != list(names):
         raise ValueError(f"{checkpoint} was trained on classes {loaded.class_names[:5]}... but the dataset's "
                          f"are {names[:5]}...; evaluate on the dataset it was trained for")
@@ -180,10 +182,9 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
 
         batches = progress_bar(batches, desc=f"eval {data} {split}", unit="batch",
                                total=-(-len(dataset) // batch_size))  # a generator has no len: the ETA needs the total
-    model = extras.wrap(loaded.model, loaded.num_classes, len(names)).to(torch_device)
-    result = classify(model, batches, len(names), torch_device, precision)
-    scored = extras.finish(image_files(dataset), dataset_labels(dataset), names, loaded.num_classes,
-                           result["skipped"])
+    result = classify(extras.wrap(loaded.model).to(torch_device), batches, len(names), torch_device, precision)
+    scored = (extras.finish(image_files(dataset), dataset_labels(dataset), names, num_classes, result["skipped"])
+              if extras.per_image else {})
     confusion = result.pop("confusion")
     per_class = {name: round(100.0 * confusion[i, i] / max(confusion[i].sum(), 1), 2)
                  for i, name in enumerate(names)}
