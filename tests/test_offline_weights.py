@@ -27,7 +27,7 @@ def no_network(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(weight_tags, "hub_reachable", lambda: False)
+    monkeypatch.setattr(weight_tags, "_connects", lambda host, port: False)  # neither the Hub nor the URL
     asked = []
 
     def download(repo_id, filename, local_files_only=False, **kwargs):
@@ -46,7 +46,7 @@ def test_a_tag_without_network_fails_in_seconds_naming_a_place_that_works(no_net
     assert no_network and all(no_network)  # the cache looked at, nothing downloaded
     err = capsys.readouterr().err.strip()
     hub_file = tmp_path / "torch" / "hub" / "checkpoints" / "resmlp_12_no_dist.pth"
-    assert len(err.splitlines()) == 1 and "cannot be reached" in err and str(hub_file) in err
+    assert len(err.splitlines()) == 1 and "nor the original URL can be reached" in err and str(hub_file) in err
     # the suggestion as typed: the file placed there is read, offline too
     torch.manual_seed(0)
     model = ResMLP(SMALL).eval()
@@ -64,7 +64,7 @@ def test_create_model_pretrained_without_network_fails_fast_and_reads_torch_hubs
     cfg = dict(architecture="resmlp_s12", hf_hub_id="timm/resmlp_12_224.fb_in1k",
                url="https://dl.fbaipublicfiles.com/deit/resmlp_12_no_dist.pth")
     start = time.perf_counter()
-    with pytest.raises(WeightsUnavailableError, match="cannot be reached") as refused:
+    with pytest.raises(WeightsUnavailableError, match="can be reached") as refused:
         resolve_weights_file(cfg)
     assert time.perf_counter() - start < 5.0 and all(no_network)
     hub_file = tmp_path / "torch" / "hub" / "checkpoints" / "resmlp_12_no_dist.pth"
@@ -88,3 +88,14 @@ def test_the_probe_gives_up_within_its_bound_whatever_the_lookup_takes(monkeypat
     assert weight_tags._connects("hub.invalid", 443) is False
     assert time.perf_counter() - start < 2.0
     weight_tags._connects.cache_clear()
+
+
+def test_the_hub_out_of_reach_but_the_original_url_in_reach_downloads_from_the_url(no_network, tmp_path,
+                                                                                   monkeypatch):
+    import resmlp.checkpoint
+
+    monkeypatch.setattr(weight_tags, "_connects", lambda host, port: host == "dl.fbaipublicfiles.com")
+    fetched = tmp_path / "fetched.pth"
+    monkeypatch.setattr(resmlp.checkpoint, "download_published", lambda url: fetched)
+    assert weight_tags.tagged_weights("resmlp_s12.fb_in1k") == fetched
+    assert no_network and all(no_network)  # the Hub only looked at in its cache

@@ -5,10 +5,10 @@ eval, predict, export, analyze, benchmark.
 The file comes from timm's copy on the Hugging Face Hub, through the Hugging Face cache (HF_HUB_CACHE, else
 HF_HOME/hub, else ~/.cache/huggingface/hub, read when the tag is resolved); online, a weight missing there is
 downloaded once, and a Hub failure falls back to the original DeiT / Google URL (torch.hub's cache, TORCH_HOME).
-Both caches are read first, online or not, as timm reads them. With HF_HUB_OFFLINE=1, or where the Hub cannot
-be reached within PROBE_SECONDS (no network: huggingface_hub's own retries took ~58 s to give up), nothing is
-downloaded: a weight in neither cache is one line naming both places, the torch.hub file to put there by hand,
-within a few seconds.
+Both caches are read first, online or not, as timm reads them. With HF_HUB_OFFLINE=1, or where neither the Hub
+nor the original URL can be reached within PROBE_SECONDS (no network: huggingface_hub's own retries took ~58 s to
+give up), nothing is downloaded: a weight in neither cache is one line naming both places, the torch.hub file to
+put there by hand, within a few seconds.
 """
 
 from __future__ import annotations
@@ -63,13 +63,18 @@ def offline() -> bool:
             or bool(constants.HF_HUB_OFFLINE))
 
 
+def reachable(url: str) -> bool:
+    """Whether a TCP connection to `url`'s host (to the HTTPS proxy where one is set) opens within PROBE_SECONDS,
+    name resolution included: the probe runs in a thread, since a DNS lookup takes no timeout."""
+    target = urlparse(os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or url)
+    return _connects(target.hostname or "", target.port or (443 if target.scheme == "https" else 80))
+
+
 def hub_reachable() -> bool:
-    """Whether a TCP connection to the Hub (HF_ENDPOINT; the HTTPS proxy where one is set) opens within
-    PROBE_SECONDS, name resolution included: the probe runs in a thread, since a DNS lookup takes no timeout."""
+    """Whether the Hugging Face Hub (HF_ENDPOINT) can be reached (`reachable`)."""
     from huggingface_hub import constants
 
-    url = urlparse(os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or constants.ENDPOINT)
-    return _connects(url.hostname or "", url.port or (443 if url.scheme == "https" else 80))
+    return reachable(constants.ENDPOINT)
 
 
 @lru_cache(maxsize=8)  # once per process: a command resolves a tag more than once
@@ -97,12 +102,14 @@ def torch_hub_file(url: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
 
 
-def no_network_reason() -> str | None:
-    """Why nothing may be downloaded now (HF_HUB_OFFLINE, or the Hub out of reach); None when it may."""
+def no_network_reason(url: str | None) -> str | None:
+    """Why nothing may be downloaded now (HF_HUB_OFFLINE, or neither the Hub nor `url`, the original file, in
+    reach); None when something may."""
     if offline():
         return "HF_HUB_OFFLINE=1 forbids downloading them"
-    if not hub_reachable():
-        return f"the Hub ({os.environ.get('HF_ENDPOINT') or 'huggingface.co'}) cannot be reached (no network?)"
+    if not hub_reachable() and not (url and reachable(url)):
+        return f"neither the Hub ({os.environ.get('HF_ENDPOINT') or 'huggingface.co'}) nor the original URL can be " \
+               "reached (no network?)"
     return None
 
 
@@ -123,14 +130,14 @@ def tagged_weights(spec: str) -> Path | None:
         cached = hub_file
     if cached is not None:
         return cached
-    why = no_network_reason()
+    why = no_network_reason(weights.url)
     if why is not None:
         folder = hub_cache() / f"models--{weights.hf_hub_id.replace('/', '--')}" if weights.hf_hub_id else None
         where = f"the Hugging Face cache ({folder})" if folder else "no cache"
         place = f", download {weights.url} elsewhere and place it at {hub_file}" if hub_file else ""
         raise ConfigError(f"weights {spec} are not in {where} and {why}: run once with network access{place}, or "
                           f"name a local weight file in place of {spec}")
-    path = _from_hub_cache(weights.hf_hub_id, local_only=False) if weights.hf_hub_id else None
+    path = _from_hub_cache(weights.hf_hub_id, local_only=False) if weights.hf_hub_id and hub_reachable() else None
     if path is not None:
         return path
     from resmlp.checkpoint import download_published
