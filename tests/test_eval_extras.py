@@ -118,3 +118,17 @@ def test_a_malformed_label_file_is_one_line(run, tmp_path, capsys, flag, text, s
                  flag, str(tmp_path / "labels")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and said in err, err
+
+
+def test_on_a_gpu_the_extras_read_the_device_once_after_the_last_batch(run, tmp_path):
+    """The top-k of every batch stays on the device; one copy back at the end (tests/fakecuda.py)."""
+    from fakecuda import fake_cuda
+
+    from resmlp.evaluation import evaluate
+
+    (tmp_path / "valid.txt").write_text("".join(f"{i}\n" for i in range(CLASSES)))
+    with fake_cuda() as ledger:
+        evaluate(run / "run" / "last.safetensors", data=f"folder:{run / 'data'}", split="val", device="cuda",
+                 batch_size=4, num_workers=0, valid_labels=tmp_path / "valid.txt", results=tmp_path / "r.csv")
+    sites = [e.site().split(":")[1] for e in ledger.events if e.kind in ("read", "device-to-host")]
+    assert sites == ["classify", "TopKRecorder.read"], sites

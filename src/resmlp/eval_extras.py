@@ -101,8 +101,11 @@ class TopKRecorder(nn.Module):
         return logits
 
     def read(self) -> tuple[np.ndarray, np.ndarray]:
-        """(indices, probabilities), each (images, k), in the order the images were evaluated."""
-        return torch.cat(self.indices).cpu().numpy(), torch.cat(self.probs).cpu().numpy()
+        """(indices, probabilities), each (images, k), in the order the images were evaluated: one copy from the
+        device (float64 holds the class indices exactly)."""
+        both = torch.cat([torch.cat(self.indices).double(), torch.cat(self.probs).double()], dim=1).cpu().numpy()
+        k = both.shape[1] // 2
+        return both[:, :k].astype(np.int64), both[:, k:].astype(np.float32)
 
 
 def real_order(names: Sequence[str]) -> np.ndarray:
