@@ -202,6 +202,7 @@ def test_new_head_when_num_classes_differs(tmp_path):
 
 
 def test_pretrained_without_network_names_the_file_to_place(tmp_path, monkeypatch):
+    monkeypatch.setattr("resmlp.models.weight_tags._connects", lambda host, port: False)  # no probe of the network
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     weights = registry.PublishedWeights("http://127.0.0.1:9/resmlp_12_no_dist.pth")
     monkeypatch.setitem(registry.PUBLISHED, "resmlp_s12", {"fb_in1k": weights})

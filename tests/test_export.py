@@ -96,3 +96,22 @@ def test_export_cli_takes_the_format_from_the_extension_and_writes_preprocessing
     capsys.readouterr()
     assert main(["export", str(ckpt), "--output", str(tmp_path / "m.bin")]) == 2
     assert "cannot tell the export format from 'm.bin'" in capsys.readouterr().err
+
+
+def test_pt2_export_from_the_cli_runs_any_batch_and_carries_the_preprocessing(model, tmp_path, capsys):
+    """issue 50 item 9: torch.export's format beside ONNX and TorchScript, named by its extension."""
+    import json
+
+    from resmlp.export import PT2_METADATA
+
+    ckpt = resmlp.save(model, tmp_path / "m.safetensors")
+    out = tmp_path / "m.pt2"
+    assert main(["export", str(ckpt), "--output", str(out)]) == 0
+    assert "(pt2)" in capsys.readouterr().out
+    extra = {PT2_METADATA: ""}
+    loaded = torch.export.load(str(out), extra_files=extra).module()
+    for batch in (1, 5):
+        x = torch.randn(batch, 3, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), model(x), atol=1e-4, rtol=0)
+    assert json.loads(extra[PT2_METADATA])["img_size"] == "32"

@@ -21,6 +21,7 @@ from resmlp.data.device.batch_augment import BatchAugment, eval_batches
 from resmlp.data.loading.loaders import eval_loader
 from resmlp.data.records import SourceSpec
 from resmlp.data.sources import spec_from_config
+from resmlp.eval_extras import EvalExtras
 from resmlp.runtime import (
     DistInfo,
     all_reduce_sum,
@@ -117,7 +118,9 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
              num_workers: int = 2,
              device: str = "auto", amp: str = "auto", plot: bool = True, progress: bool = False,
              announce: Callable[[dict[str, Any]], None] | None = None,
-             crop_pct: float | None = None) -> dict[str, Any]:
+             crop_pct: float | None = None, real_labels: str | Path | None = None,
+             valid_labels: str | Path | None = None, results: str | Path | None = None,
+             topk: int = 5) -> dict[str, Any]:
     """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
 
     data: a source (resmlp.data.sources: folder:DIR, wds:PATTERN, hf:DIR, fashion-mnist, cifar10:DIR...), a
@@ -128,12 +131,17 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     plot=False); without it, no file. `announce(summary)` is called before any file is written, so a score
     is shown even when the output folder can't be written. crop_pct: replaces the evaluation crop (the
     preprocessing is resmlp.preprocess.preprocess_of_file's; summary["preprocess_note"] says what was assumed).
+
+    timm validate.py's extras (resmlp.eval_extras): real_labels, ImageNet-ReaL's real.json (summary real_top1,
+    real_top5); valid_labels, a file of the model's class indices, one per data class (ImageNet-A/R); results,
+    a per-image CSV of each image's `topk` classes and probabilities, written whether or not `output` is given.
     """
     from resmlp import reporting
     from resmlp.hostinfo import host_info
     from resmlp.inference import load_for_inference
 
     check_device_name(device)
+    extras = EvalExtras.read(real_labels, valid_labels, results, topk)  # the files checked before any work
     checkpoint = resolve_checkpoint(checkpoint)
     options: dict[str, Any] = {}
     spec = resolve_data(data, data_dir) if data is not None else None
@@ -151,9 +159,14 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     dataset = build_dataset(spec, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size, **options)
     names = dataset.class_names
     num_classes = loaded.num_classes
-    if num_classes != len(names):
-        raise ValueError(f"{checkpoint} predicts {num_classes} classes but the {data} dataset has {len(names)}")
-    if loaded.class_names and list(loaded.class_names) != list(names):
+    if extras.valid is not None:
+        extras.check_valid(num_classes, len(names))
+    elif num_classes != len(names):
+        raise ValueError(f"{checkpoint} predicts {num_classes} classes but the {data} dataset has {len(names)}; "
+                         "for a subset of its classes pass --valid-labels FILE (ImageNet-A/R)")
+    model_names = ([loaded.class_names[i] for i in extras.valid] if loaded.class_names and extras.valid is not None
+                   else loaded.class_names)
+    if model_names and list(model_names) != list(names):
         raise ValueError(f"{checkpoint} was trained on classes {loaded.class_names[:5]}... but the dataset's "
                          f"are {names[:5]}...; evaluate on the dataset it was trained for")
     torch_device = resolve_device(device)
@@ -169,7 +182,9 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
 
         batches = progress_bar(batches, desc=f"eval {data} {split}", unit="batch",
                                total=-(-len(dataset) // batch_size))  # a generator has no len: the ETA needs the total
-    result = classify(loaded.model.to(torch_device), batches, len(names), torch_device, precision)
+    result = classify(extras.wrap(loaded.model).to(torch_device), batches, len(names), torch_device, precision)
+    scored = (extras.finish(image_files(dataset), dataset_labels(dataset), names, num_classes, result["skipped"])
+              if extras.per_image else {})
     confusion = result.pop("confusion")
     per_class = {name: round(100.0 * confusion[i, i] / max(confusion[i].sum(), 1), 2)
                  for i, name in enumerate(names)}
@@ -181,7 +196,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                    loss=result["loss"], images=result["images"], skipped_images=result["skipped"],
                    dataset=data, split=split, per_class_top1=per_class, precision=precision_name(precision),
                    device=str(torch_device), batch_size=batch_size, host=host_info(precision),
-                   preprocess=dict(pre.to_dict(), source=pre.source), preprocess_note=pre.note or None)
+                   preprocess=dict(pre.to_dict(), source=pre.source), preprocess_note=pre.note or None,
+                   valid_labels=str(extras.valid_labels) if extras.valid_labels else None, **scored)
     if announce is not None:
         announce(summary)
     if output is not None:  # only where asked: never beside the checkpoint, whose folder may be read-only
@@ -190,6 +206,25 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
             summary["confusion_matrix"] = str(png.resolve())
         reporting.write_json(Path(output) / "summary.json", summary)
     return summary
+
+
+def image_files(dataset: Any) -> list[str] | None:
+    """Each image's file (its record's name: a path, a tar member), in the dataset's order; None for a stream.
+    In-memory data (Fashion-MNIST, CIFAR) names its images by index."""
+    if isinstance(dataset, ArrayDataset):
+        return [f"{i:08d}" for i in range(len(dataset))]
+    records = getattr(dataset, "records", None)
+    if records is None or not hasattr(records, "name") or not hasattr(records, "__getitem__"):
+        return None
+    return [records.name(i) for i in range(len(records))]
+
+
+def dataset_labels(dataset: Any) -> list[int]:
+    """Each image's label in the dataset's order (read without decoding the images); [] for a stream."""
+    labels = getattr(dataset, "labels", None)
+    if labels is None:
+        labels = getattr(getattr(dataset, "records", None), "labels", [])
+    return [int(label) for label in labels]
 
 
 def _run_data(checkpoint: Path) -> tuple[SourceSpec | None, dict[str, Any]]:

@@ -1,6 +1,6 @@
-"""Export a model for other runtimes: ONNX (dynamic batch size) and TorchScript.
+"""Export a model for other runtimes: ONNX (dynamic batch size), torch.export's .pt2 and TorchScript.
 
-Both export the fp32 inference model of `resmlp.inference.optimize` (Affines folded, token-major
+All three export the fp32 inference model of `resmlp.inference.optimize` (Affines folded, token-major
 layout) of a ResMLP or Mixer, so other runtimes get the same single-product cross-patch layer as PyTorch does;
 any other model `resmlp train` trains (timm:NAME, torchvision:NAME) is exported as it is, in eval mode, for
 the input size its checkpoint records.
@@ -20,19 +20,21 @@ from resmlp.inference import optimize
 from resmlp.models.resmlp import ResMLP
 from resmlp.preprocess import Preprocess
 
-FORMATS = ("onnx", "torchscript")
+FORMATS = ("onnx", "pt2", "torchscript")
+PT2_METADATA = "resmlp_preprocess.json"  # the .pt2 archive's extra file holding preprocessing_metadata
 ONNX_OPSET = 18
 # a file's extension -> its format, for export(format=None)
-EXTENSIONS = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", ".ts": "torchscript",
+EXTENSIONS = {".onnx": "onnx", ".pt2": "pt2", ".pt": "torchscript", ".pth": "torchscript", ".ts": "torchscript",
               ".torchscript": "torchscript"}
 
 
 def format_of(path: str | Path) -> str:
-    """The export format a file name asks for: .onnx -> onnx, .pt/.pth/.ts/.torchscript -> torchscript."""
+    """The export format a file name asks for: .onnx -> onnx, .pt2 -> pt2, .pt/.pth/.ts/.torchscript ->
+    torchscript."""
     suffix = Path(path).suffix.lower()
     if suffix not in EXTENSIONS:
-        raise ValueError(f"cannot tell the export format from {Path(path).name!r}: name the file *.onnx or *.pt, "
-                         f"or pass --format {'|'.join(FORMATS)}")
+        raise ValueError(f"cannot tell the export format from {Path(path).name!r}: name the file *.onnx, *.pt2 or "
+                         f"*.pt, or pass --format {'|'.join(FORMATS)}")
     return EXTENSIONS[suffix]
 
 
@@ -91,6 +93,24 @@ def export_onnx(model: torch.nn.Module, path: str | Path, metadata: dict[str, st
     return atomic_write(path, write)
 
 
+def export_pt2(model: torch.nn.Module, path: str | Path, metadata: dict[str, str] | None = None,
+               input_size: tuple[int, int] | None = None) -> Path:
+    """Write a torch.export program (load with torch.export.load(path).module()) that accepts any batch size:
+    the format PyTorch points to now that TorchScript is deprecated. `metadata` goes into the archive as the
+    extra file PT2_METADATA (JSON; torch.export.load(path, extra_files={PT2_METADATA: ""}) reads it back)."""
+    example = _example_input(model, input_size)
+    fast = _inference_model(model)
+
+    def write(tmp: Path) -> None:
+        with torch.no_grad():
+            program = torch.export.export(fast, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+        buffer = io.BytesIO()  # written by Python, as TorchScript's below: a full disk raises OSError
+        torch.export.save(program, buffer, extra_files={PT2_METADATA: json.dumps(metadata or {})})
+        tmp.write_bytes(buffer.getbuffer())
+
+    return atomic_write(path, write)
+
+
 def export_torchscript(model: torch.nn.Module, path: str | Path, input_size: tuple[int, int] | None = None) -> Path:
     """Write a traced TorchScript module (load with torch.jit.load) that accepts any batch size."""
     example = _example_input(model, input_size)
@@ -114,12 +134,14 @@ def export_torchscript(model: torch.nn.Module, path: str | Path, input_size: tup
 
 def export(model: torch.nn.Module, path: str | Path, format: str | None = None,
            metadata: dict[str, str] | None = None, input_size: tuple[int, int] | None = None) -> Path:
-    """Export `model` in `format` ('onnx' or 'torchscript'; None: from the extension of `path`) to `path`;
-    `metadata` (e.g. preprocessing_metadata(...)) is written into an ONNX file. input_size: (channels, side)
+    """Export `model` in `format` ('onnx', 'pt2' or 'torchscript'; None: from the extension of `path`) to `path`;
+    `metadata` (e.g. preprocessing_metadata(...)) is written into an ONNX or .pt2 file. input_size: (channels, side)
     of a model that is not a ResMLP/Mixer (whose config holds it)."""
     format = format or format_of(path)
     if format == "onnx":
         return export_onnx(model, path, metadata, input_size)
+    if format == "pt2":
+        return export_pt2(model, path, metadata, input_size)
     if format == "torchscript":
         return export_torchscript(model, path, input_size)
     raise ValueError(f"unknown export format {format!r}; choose one of {', '.join(FORMATS)}")

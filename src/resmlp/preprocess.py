@@ -32,6 +32,7 @@ from timm.data import DEFAULT_CROP_PCT, create_transform
 from resmlp.checkpoint_reader import check_float, check_int, check_str
 from resmlp.data import dataset_stats
 from resmlp.data.images import max_image_pixels, open_image
+from resmlp.data.sources import parse_source
 from resmlp.errors import CheckpointError, DataError
 
 if TYPE_CHECKING:
@@ -207,8 +208,11 @@ def _of_run_config(config: Any, model: torch.nn.Module) -> Preprocess:
                               "last.safetensors or best.safetensors instead")
     if data.get("mean") and data.get("std"):
         mean, std = data["mean"], data["std"]
-    else:
-        mean, std = dataset_stats(data["kind"], cfg.in_chans)
+    else:  # the statistics of the source the run read (data.source), as run_preprocess took them: data.kind
+        # is the recipe's (fashion-mnist) even where --data named a folder (issue 50 item 8)
+        source = data.get("source")
+        kind = parse_source(source).kind if isinstance(source, str) and source else data["kind"]
+        mean, std = dataset_stats(kind, cfg.in_chans)
     fields = dict(img_size=cfg.img_size, in_chans=cfg.in_chans, mean=list(mean), std=list(std),
                   crop_pct=data.get("crop_pct", DEFAULT_CROP_PCT), interpolation=data.get("interpolation", "bicubic"))
     return replace(Preprocess._from_checked(fields, model), source="run config")

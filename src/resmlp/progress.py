@@ -52,7 +52,7 @@ class LineProgress:
         self.postfix: dict[str, Any] = {}
         self.start = time.perf_counter()
         self.last_line: float | None = None  # the first line comes as soon as there is something to say
-        self.n_at_line = initial
+        self.n_at_line = self.initial = initial  # a resumed run's earlier steps: not part of this run's rate
 
     def __iter__(self) -> Iterator:
         for item in self.iterable or ():
@@ -96,6 +96,15 @@ class LineProgress:
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         elapsed = self.last_line - self.start
         extra = "".join(f", {k} {v}" for k, v in self.postfix.items() if v != "")
-        rate = f", {self.n / elapsed:.3g} {self.unit}/s" if self.n and elapsed > 0 else ""  # as tqdm's bar shows
-        print(f"{self.desc + ': ' if self.desc else ''}{done} {self.unit}{share}{extra}, {elapsed:.0f}s{rate}",
-              file=self.file, flush=True)
+        per_s = (self.n - self.initial) / elapsed if elapsed > 0 else 0.0
+        rate = f", {per_s:.3g} {self.unit}/s" if per_s > 0 else ""  # as tqdm's bar shows
+        print(f"{self.desc + ': ' if self.desc else ''}{done} {self.unit}{share}{extra}, {elapsed:.0f}s{rate}"
+              f"{self._eta(per_s)}", file=self.file, flush=True)
+
+    def _eta(self, per_s: float) -> str:
+        """The time left at this run's rate, in tqdm's format (its bar's `<01:23`), where there is a total."""
+        from tqdm import tqdm
+
+        if not (self.total and per_s > 0 and self.n < self.total):
+            return ""
+        return f", ETA {tqdm.format_interval((self.total - self.n) / per_s)}"

@@ -128,12 +128,15 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 class WandbLog:
     """Weights & Biases (`train.log_wandb`, timm's --log-wandb): one wandb run per training run, the config as
-    its config, each epoch's metrics at step = epoch. wandb's own settings apply (WANDB_MODE=offline...)."""
+    its config, each epoch's metrics at step = epoch. wandb's own settings apply (WANDB_MODE=offline...); its
+    files go to WANDB_DIR where that is set (wandb's own variable: an explicit dir= would override it), else into
+    the run folder."""
 
     def __init__(self, project: str, name: str, config: dict[str, Any], folder: Path) -> None:
         import wandb
 
-        self.run = wandb.init(project=project, name=name, config=config, dir=str(folder))
+        self.run = wandb.init(project=project, name=name, config=config,
+                              dir=os.environ.get("WANDB_DIR") or str(folder))
 
     def log(self, row: dict[str, Any]) -> None:
         self.run.log(_metrics(row), step=row["epoch"])

@@ -16,7 +16,9 @@ import ctypes
 import os
 import platform
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -358,3 +360,26 @@ def training_device_memory_bytes(device: str) -> int | None:
         if index < torch.cuda.device_count():
             return torch.cuda.get_device_properties(index).total_memory
     return physical_memory_bytes()
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")  # a run stops for them: resmlp.train.preemption
+
+
+def worker_ignores_stop_signals(worker_id: int) -> None:
+    """A DataLoader worker's start: the signals a run stops for are the training process's to act on. A scheduler
+    (and a terminal's Ctrl-C) signals every process of a job; the training process stops at a step boundary and
+    shuts its workers down, but a worker killed first (torch's workers die on any SIGTERM but their parent's)
+    makes torch raise in the middle of a step. So SIGINT and SIGUSR1 are ignored, and SIGTERM ends the worker
+    only when its parent sends it (torch's rule; the parent's shutdown and exit send it), read by a thread."""
+    for name in STOP_SIGNALS:
+        if name != "SIGTERM" and hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # POSIX
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the worker's threads start after: blocked too
+        threading.Thread(target=_exit_on_parents_sigterm, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_on_parents_sigterm(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)

@@ -165,7 +165,7 @@ def continue_command(args: argparse.Namespace) -> str:
 
 
 def stopped_early(summary: dict[str, Any], args: argparse.Namespace) -> bool:
-    """After a run that --max-steps stopped (the trainer said where): the command that continues it."""
+    """After a run that --max-steps or a signal stopped (the trainer said where): the command that continues it."""
     from resmlp.runtime import is_main_process
 
     if "stopped_at_step" not in summary:
@@ -173,6 +173,14 @@ def stopped_early(summary: dict[str, Any], args: argparse.Namespace) -> bool:
     if is_main_process():
         print(f"  continue it with: {continue_command(args)}")
     return True
+
+
+def exit_status(summary: dict[str, Any]) -> int:
+    """0, or 128 + the signal's number where a signal stopped the run (the shell's convention: 130 for Ctrl-C,
+    143 for SIGTERM), so a job script can tell a preempted run from a finished one."""
+    import signal
+
+    return 128 + int(getattr(signal, summary["signal"])) if summary.get("signal") else 0
 
 
 def print_dry_run(args: argparse.Namespace, load) -> int:

@@ -1,4 +1,4 @@
-"""`resmlp export CHECKPOINT --output FILE.onnx|FILE.pt`: a model file for other runtimes."""
+"""`resmlp export CHECKPOINT --output FILE.onnx|FILE.pt2|FILE.pt`: a model file for other runtimes."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ from resmlp.commands.common import output_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="export a checkpoint to ONNX or TorchScript (dynamic batch size)")
+    p = sub.add_parser("export", help="export a checkpoint to ONNX, torch.export (.pt2) or TorchScript (dynamic "
+                                             "batch size)")
     p.add_argument("checkpoint", help="a checkpoint of any model resmlp train trains (.safetensors, or a run folder "
                    "for its best.safetensors: ResMLP, Mixer, timm:NAME, torchvision:NAME), or a timm / DeiT weight "
                    "file of a ResMLP or Mixer")
-    p.add_argument("--format", choices=("onnx", "torchscript"), default=None,
-                   help="default: from the output's extension (.onnx; .pt, .pth or .ts for TorchScript)")
+    p.add_argument("--format", choices=("onnx", "pt2", "torchscript"), default=None,
+                   help="default: from the output's extension (.onnx; .pt2 for torch.export; .pt, .pth or .ts for "
+                        "TorchScript)")
     p.add_argument("--output", type=output_file, required=True,
-                   help="file to write, e.g. model.onnx (with class names, mean/std and crop in its metadata) or "
-                        "model.pt")
+                   help="file to write, e.g. model.onnx or model.pt2 (with class names, mean/std and crop in its "
+                        "metadata) or model.pt")
     p.set_defaults(run=run)
 
 

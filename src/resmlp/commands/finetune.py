@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from resmlp.commands.common import add_training_arguments, print_dry_run, recipe_for, stopped_early, training_overrides
+from resmlp.commands.common import (
+    add_training_arguments,
+    exit_status,
+    print_dry_run,
+    recipe_for,
+    stopped_early,
+    training_overrides,
+)
 
 
 def _freeze(value: str) -> int | str:
@@ -50,4 +57,4 @@ def run_finetune(args: argparse.Namespace) -> int:
                        args.freeze, args.layer_decay, args.resume, args.max_steps)
     if not stopped_early(summary, args):
         print_summary(summary, args.output)
-    return 0
+    return exit_status(summary)

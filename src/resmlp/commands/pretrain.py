@@ -7,6 +7,7 @@ import shlex
 
 from resmlp.commands.common import (
     add_training_arguments,
+    exit_status,
     print_dry_run,
     recipe_for,
     run_data_flags,
@@ -48,4 +49,4 @@ def run_dino(args: argparse.Namespace) -> int:
               f"  summary:          {out}/summary.json\n"
               f"  linear probe:     resmlp eval-linear {checkpoint} {run_data_flags(out)}\n"
               f"  fine-tune:        {finetune}")
-    return 0
+    return exit_status(summary)

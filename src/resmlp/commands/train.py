@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from pathlib import Path
 
 from resmlp.commands.common import (
@@ -15,6 +16,7 @@ from resmlp.commands.common import (
     add_training_arguments,
     amp_value,
     batch_size,
+    exit_status,
     print_dry_run,
     recipe_for,
     stopped_early,
@@ -68,6 +70,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add_crop_argument(e)
     add_threads_argument(e)
+    extras = e.add_argument_group("timm validate.py's extras")
+    extras.add_argument("--real-labels", metavar="REAL_JSON",
+                        help="ImageNet-ReaL accuracy from real.json (per image of the split in sorted file-name "
+                             "order, its valid labels; images without any are left out)")
+    extras.add_argument("--valid-labels", metavar="FILE",
+                        help="score only these model classes (one class index per line, one per data class in "
+                             "its order: ImageNet-A/R's 200), as timm's --valid-labels")
+    extras.add_argument("--results", metavar="CSV",
+                        help="write each image's file, label and top-k classes with probabilities to CSV")
+    extras.add_argument("--topk", type=int, default=5, metavar="K",
+                        help="classes per image in --results (default 5)")
     e.set_defaults(run=run_eval)
 
 
@@ -90,10 +103,16 @@ def run_train(args: argparse.Namespace) -> int:
         from resmlp.train.config import load_config
 
         return print_dry_run(args, lambda more: load_config(recipe_for(args), {**overrides, **more}, False))
-    summary = train(recipe_for(args), args.output, overrides=overrides, resume=args.resume, max_steps=args.max_steps)
+    recipe = recipe_for(args)
+    if recipe == args.default_recipe and args.recipe is None:
+        from resmlp.train.config import default_recipe_notice
+
+        if notice := default_recipe_notice(recipe, overrides):
+            print(notice, file=sys.stderr, flush=True)
+    summary = train(recipe, args.output, overrides=overrides, resume=args.resume, max_steps=args.max_steps)
     if not stopped_early(summary, args):
         print_summary(summary, args.output)
-    return 0
+    return exit_status(summary)
 
 
 def print_summary(summary: dict, output: str) -> None:
@@ -135,6 +154,8 @@ def _print_scores(summary: dict) -> None:
     for name, acc in summary["per_class_top1"].items():
         print(f"  {name:<{width}}  {acc:6.2f}%")
     print(f"{topk_text(summary['top1'], summary['top5'], '  ')} ({summary['precision']})", flush=True)
+    if "real_top1" in summary:
+        print(f"ImageNet-ReaL {topk_text(summary['real_top1'], summary['real_top5'])}", flush=True)
     if summary["skipped_images"]:
         print(f"{summary['skipped_images']} unreadable images skipped")
 
@@ -147,9 +168,13 @@ def run_eval(args: argparse.Namespace) -> int:
     with process_settings(args.threads), output_lock(args.output):  # a folder a training holds is refused
         summary = evaluate(args.checkpoint, data=args.data, data_dir=args.data_dir, split=args.split,
                            output=args.output, batch_size=args.batch_size, device=args.device, amp=args.amp,
-                           progress=args.progress, announce=_print_scores, crop_pct=args.crop_pct)
+                           progress=args.progress, announce=_print_scores, crop_pct=args.crop_pct,
+                           real_labels=args.real_labels, valid_labels=args.valid_labels, results=args.results,
+                           topk=args.topk)
     if args.output:
         print(f"confusion matrix: {summary['confusion_matrix']}\nsummary: {args.output}/summary.json")
+    if args.results:
+        print(f"per-image results: {summary['results']}")
     split = summary["split"]
     keys = (f"{split}_top1", f"{split}_top5", "epochs", "wall_seconds", "checkpoint", "precision")
     print(json.dumps({k: summary[k] for k in keys}))

@@ -66,31 +66,47 @@ default_cfgs = _registered_cfgs()
 
 # ------------------------------------------------------------------------------------------ weights
 def resolve_weights_file(cfg: dict[str, Any], cache_dir: str | Path | None = None) -> Path:
-    """A local file holding the weights of `cfg`: its 'file', timm's Hub copy, else the original URL."""
+    """A local file holding the weights of `cfg`: its 'file', timm's Hub copy or torch.hub's copy of the original
+    URL as cached, else downloaded where the network allows (resmlp.models.weight_tags: no ~58 s of retries
+    offline, and HF_HUB_OFFLINE=1 reads both caches)."""
     from resmlp.checkpoint import WeightsUnavailableError, download_published
+    from resmlp.models.weight_tags import hub_reachable, no_network_reason, torch_hub_file
 
     if cfg.get("file"):
         return Path(cfg["file"])
-    hub_failure = ""
-    if cfg.get("hf_hub_id"):
-        path, hub_failure = _from_hub(cfg["hf_hub_id"], cache_dir)
+    repo, url = cfg.get("hf_hub_id"), cfg.get("url")
+    path, hub_failure = _from_hub(repo, cache_dir, local_only=True) if repo else (None, "")
+    if path is not None:
+        return path
+    if url and torch_hub_file(url).is_file():
+        return torch_hub_file(url)
+    if not (repo or url):
+        raise WeightsUnavailableError(f"no weights known for {cfg.get('architecture')}")
+    why = no_network_reason(url)
+    if why is not None:
+        place = f"download {url} elsewhere and place it at {torch_hub_file(url)}, or " if url else ""
+        raise WeightsUnavailableError(f"weights of {cfg.get('architecture')} are in neither the Hugging Face cache "
+                                      f"nor torch.hub's, and {why}: {place}pass checkpoint_path=... to load a local "
+                                      "copy")
+    if repo and hub_reachable():
+        path, hub_failure = _from_hub(repo, cache_dir, local_only=False)
         if path is not None:
             return path
-    if cfg.get("url"):
+    if url:
         try:
-            return download_published(cfg["url"])
+            return download_published(url)
         except WeightsUnavailableError as e:
             raise WeightsUnavailableError(f"{e}{hub_failure}") from None
     raise WeightsUnavailableError(f"no weights known for {cfg.get('architecture')}{hub_failure}")
 
 
-def _from_hub(repo_id: str, cache_dir: str | Path | None) -> tuple[Path | None, str]:
+def _from_hub(repo_id: str, cache_dir: str | Path | None, local_only: bool) -> tuple[Path | None, str]:
     from huggingface_hub import hf_hub_download
 
     failure = ""
     for filename in ("model.safetensors", "pytorch_model.bin"):
         try:
-            return Path(hf_hub_download(repo_id, filename, cache_dir=cache_dir)), ""
+            return Path(hf_hub_download(repo_id, filename, cache_dir=cache_dir, local_files_only=local_only)), ""
         except Exception as e:  # offline, not cached, no such file, network down: try the next source
             failure = f" (Hugging Face Hub {repo_id}: {type(e).__name__})"
     return None, failure

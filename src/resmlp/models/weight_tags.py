@@ -5,18 +5,25 @@ eval, predict, export, analyze, benchmark.
 The file comes from timm's copy on the Hugging Face Hub, through the Hugging Face cache (HF_HUB_CACHE, else
 HF_HOME/hub, else ~/.cache/huggingface/hub, read when the tag is resolved); online, a weight missing there is
 downloaded once, and a Hub failure falls back to the original DeiT / Google URL (torch.hub's cache, TORCH_HOME).
-With HF_HUB_OFFLINE=1 nothing is downloaded: a weight not in the cache is one line naming the folder it was
-looked for in, as timm's create_model refuses offline.
+Both caches are read first, online or not, as timm reads them. With HF_HUB_OFFLINE=1, or where neither the Hub
+nor the original URL can be reached within PROBE_SECONDS (no network: huggingface_hub's own retries took ~58 s to
+give up), nothing is downloaded: a weight in neither cache is one line naming both places, the torch.hub file to
+put there by hand, within a few seconds.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import threading
+from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlparse
 
 from resmlp.errors import ConfigError
 
 HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's weight file names on the Hub, preferred first
+PROBE_SECONDS = 2.0  # a connection to the Hub that takes longer than this counts as no network
 
 
 def split_tag(spec: str) -> tuple[str, str] | None:
@@ -49,12 +56,67 @@ def hub_cache() -> Path:
 
 
 def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
+    """HF_HUB_OFFLINE as it is now, or as huggingface_hub read it at its import (its constants)."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
+            or bool(constants.HF_HUB_OFFLINE))
+
+
+def reachable(url: str) -> bool:
+    """Whether a TCP connection to `url`'s host (to the HTTPS proxy where one is set) opens within PROBE_SECONDS,
+    name resolution included: the probe runs in a thread, since a DNS lookup takes no timeout."""
+    target = urlparse(os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or url)
+    return _connects(target.hostname or "", target.port or (443 if target.scheme == "https" else 80))
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face Hub (HF_ENDPOINT) can be reached (`reachable`)."""
+    from huggingface_hub import constants
+
+    return reachable(constants.ENDPOINT)
+
+
+@lru_cache(maxsize=8)  # once per process: a command resolves a tag more than once
+def _connects(host: str, port: int) -> bool:
+    opened: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
+            opened.append(True)
+        except OSError:
+            pass
+
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(PROBE_SECONDS)
+    return bool(opened)
+
+
+def torch_hub_file(url: str) -> Path:
+    """Where torch.hub (and so timm's URL fallback and resmlp.checkpoint.download_published) keeps `url`'s file:
+    TORCH_HOME's hub/checkpoints/<file name>."""
+    import torch
+
+    return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
+
+
+def no_network_reason(url: str | None) -> str | None:
+    """Why nothing may be downloaded now (HF_HUB_OFFLINE, or neither the Hub nor `url`, the original file, in
+    reach); None when something may."""
+    if offline():
+        return "HF_HUB_OFFLINE=1 forbids downloading them"
+    if not hub_reachable() and not (url and reachable(url)):
+        return f"neither the Hub ({os.environ.get('HF_ENDPOINT') or 'huggingface.co'}) nor the original URL can be " \
+               "reached (no network?)"
+    return None
 
 
 def tagged_weights(spec: str) -> Path | None:
-    """The local file of the weights `spec` names (PRESET.TAG), fetched if needed and allowed; None when `spec`
-    is not a weight tag. An unknown tag names the preset's tags."""
+    """The local file of the weights `spec` names (PRESET.TAG): the Hugging Face cache, torch.hub's, else
+    downloaded where the network allows; None when `spec` is not a weight tag. An unknown tag names the preset's
+    tags."""
     parts = split_tag(spec)
     if parts is None:
         return None
@@ -62,27 +124,35 @@ def tagged_weights(spec: str) -> Path | None:
 
     preset, tag = parts
     weights = published_weights(preset, tag)  # raises for an unknown tag, naming the tags there are
-    if weights.hf_hub_id:
-        path = _from_hub_cache(weights.hf_hub_id)
-        if path is not None:
-            return path
-    if offline():
+    cached = _from_hub_cache(weights.hf_hub_id, local_only=True) if weights.hf_hub_id else None
+    hub_file = torch_hub_file(weights.url) if weights.url else None
+    if cached is None and hub_file is not None and hub_file.is_file():
+        cached = hub_file
+    if cached is not None:
+        return cached
+    why = no_network_reason(weights.url)
+    if why is not None:
         folder = hub_cache() / f"models--{weights.hf_hub_id.replace('/', '--')}" if weights.hf_hub_id else None
         where = f"the Hugging Face cache ({folder})" if folder else "no cache"
-        raise ConfigError(f"weights {spec} are not in {where} and HF_HUB_OFFLINE=1 forbids downloading them; run "
-                          "once with network access (unset HF_HUB_OFFLINE), or name a local checkpoint file")
+        place = f", download {weights.url} elsewhere and place it at {hub_file}" if hub_file else ""
+        raise ConfigError(f"weights {spec} are not in {where} and {why}: run once with network access{place}, or "
+                          f"name a local weight file in place of {spec}")
+    path = _from_hub_cache(weights.hf_hub_id, local_only=False) if weights.hf_hub_id and hub_reachable() else None
+    if path is not None:
+        return path
     from resmlp.checkpoint import download_published
 
     return download_published(weights.url)
 
 
-def _from_hub_cache(repo_id: str) -> Path | None:
-    """The Hub file of `repo_id`: from the cache, or downloaded into it when online; None when neither works."""
+def _from_hub_cache(repo_id: str, local_only: bool) -> Path | None:
+    """The Hub file of `repo_id`: from the cache, or (not `local_only`) downloaded into it; None when neither
+    works."""
     from huggingface_hub import hf_hub_download
 
     for filename in HUB_FILES:
         try:
-            return Path(hf_hub_download(repo_id, filename, cache_dir=hub_cache(), local_files_only=offline()))
+            return Path(hf_hub_download(repo_id, filename, cache_dir=hub_cache(), local_files_only=local_only))
         except Exception:  # not cached, offline, no such file, network down: the next file, then the URL
             continue
     return None

@@ -21,7 +21,8 @@ from resmlp.train.sections import SECTIONS, TRAINING_FIELDS, TrainConfig
 from resmlp.train.validation import validate
 
 # the names other modules import from here
-__all__ = ["RECIPES", "TRAINING_FIELDS", "TrainConfig", "load_config", "parse_overrides", "recipe_path"]
+__all__ = ["RECIPES", "TRAINING_FIELDS", "TrainConfig", "default_recipe_notice", "load_config", "parse_overrides",
+           "recipe_path"]
 
 # a recipe is a small document: the shipped ones are under 4 KiB, 4 levels deep and a few hundred values
 MAX_RECIPE_BYTES = 1 << 20
@@ -87,6 +88,24 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
     _drop_keys_of_another_model(raw, sources, recipe_model, origin)
     _normalise_as_the_checkpoint(raw)
     return validate(raw, sources, check_memory)
+
+
+def default_recipe_notice(recipe: str, overrides: dict[str, Any]) -> str | None:
+    """The one line said when `resmlp train` runs its default recipe (Fashion-MNIST's quickstart, 28-px
+    grayscale) on other data without the user choosing the model's input: an RGB folder would otherwise be
+    trained as 28-px grayscale without a word (issue 50 item 7). None where nothing was assumed."""
+    from resmlp.data.sources import parse_source
+
+    if any(key in overrides for key in ("model.in_chans", "model.img_size")):
+        return None
+    source = overrides.get("data.source")
+    kind = parse_source(source).kind if isinstance(source, str) and source else overrides.get("data.kind")
+    if kind in (None, "fashion-mnist", "synthetic"):  # the recipe's own data, or data made at the model's input
+        return None
+    model = load_config(recipe, overrides, False).model
+    return (f"note: no --recipe, so {source or kind} trains with {recipe}'s input: {model['img_size']}x"
+            f"{model['img_size']} px, {model['in_chans']} channel(s) (colour images are converted to grayscale); "
+            "for colour at 64 px add --input-size 3 64 64, or pass --recipe deit for ImageNet-scale training")
 
 
 def _normalise_as_the_checkpoint(raw: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from resmlp.fileio import RunLock, remove_stale_temporaries
 from resmlp.runtime import adopt_slurm_ranks, init_distributed, process_settings, shutdown
 from resmlp.train.config import TrainConfig, load_config, parse_overrides
+from resmlp.train.preemption import stop_on_signals
 from resmlp.train.task_registry import task_for
 from resmlp.train.tasks import Task
 from resmlp.train.trainer import Trainer
@@ -23,7 +24,8 @@ def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", outpu
     overrides: {"optim.lr": 1e-3} or ["optim.lr=1e-3"]. resume: True continues OUTPUT/last.pth, a path
     continues that state file. task: a Task instance replacing the config's (e.g. a custom loss).
     max_steps: stop after that many optimizer steps with a resumable state (a smoke run, resmlp.train.controls);
-    the return value is then {stopped_at_step, state, epochs}.
+    the return value is then {stopped_at_step, state, epochs}. SIGTERM, SIGUSR1 (SLURM's warning) and Ctrl-C
+    stop the same way at the next step boundary (resmlp.train.preemption), adding {signal: its name}.
     Launched by torchrun, every process calls this; only rank 0 writes files.
     """
     adopt_slurm_ranks()  # an srun launch: before validation, whose memory check counts the processes
@@ -36,7 +38,9 @@ def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", outpu
             with RunLock(out) if info.is_main else contextlib.nullcontext():
                 if info.is_main:  # a new run in a folder whose run was killed before its first state too
                     remove_stale_temporaries(out)  # left by a kill during an atomic write
-                return Trainer(cfg, out, info, resume, task or task_for(cfg), max_steps).fit()
+                trainer = Trainer(cfg, out, info, resume, task or task_for(cfg), max_steps)
+                with stop_on_signals(enabled=info.world_size == 1):  # SIGTERM, SIGUSR1, Ctrl-C: a resumable stop
+                    return trainer.fit()
         finally:
             shutdown(info)
 

@@ -175,11 +175,13 @@ class CompileChoice:
     """`train.compile` auto / true / false for one process. auto: eager for 2 warm-up and TIMED_STEPS timed steps,
     then compile when the rest of the run, at the eager speed, would last longer than COMPILE_PAYS_AFTER.
     On one GPU the compiled step is captured as CUDA graphs (mode reduce-overhead: training shapes are static,
-    drop_last), which removes the launch overhead that dominates small models."""
+    drop_last), which removes the launch overhead that dominates small models. step_limit: --max-steps (optimizer
+    steps over the whole run, resmlp.train.controls): the steps left are counted to it where it comes first."""
 
     setting: str
     device: torch.device
     world_size: int = 1
+    step_limit: int | None = None
     decided: bool | None = None
     reason: str = ""
     _start: float = 0.0
@@ -199,11 +201,14 @@ class CompileChoice:
                               "run times its eager steps again), so it stayed eager")
         return dict(compiled=bool(self.decided), cuda_graphs=self.cuda_graphs, why=why)
 
-    def after_step(self, remaining_steps: int, sync) -> bool | None:
-        """Called after each step; True exactly once, when auto decides to compile (the caller compiles)."""
+    def after_step(self, remaining_steps: int, sync, global_step: int = 0) -> bool | None:
+        """Called after each step (`remaining_steps` to the schedule's end, `global_step` optimizer steps done);
+        True exactly once, when auto decides to compile (the caller compiles)."""
         if self.decided is not None:
             return None
         self._steps += 1
+        if self.step_limit is not None:  # a 12-step smoke run (--max-steps 12) of a long schedule stays eager
+            remaining_steps = max(0, min(remaining_steps, self.step_limit - global_step))
         if remaining_steps == 0 and self._steps <= 2:  # the run ends before any eager step was timed
             self.decided = False
             self.reason = (f"train.compile=auto: the run's {self._steps} step(s) ended before the 2 warm-up steps "
@@ -217,7 +222,8 @@ class CompileChoice:
             per_step = (time.perf_counter() - self._start) / max(self._steps - 2, 1)
             limit = COMPILE_PAYS_AFTER.get(self.device.type, COMPILE_PAYS_AFTER["cuda"])
             self.decided = remaining_steps * per_step > limit
-            self.reason = (f"train.compile=auto: {remaining_steps} steps left at {per_step * 1000:.1f} ms eager "
-                           f"= {remaining_steps * per_step:.0f} s {'>' if self.decided else '<='} {limit:.0f} s")
+            to_limit = f" (to --max-steps {self.step_limit})" if self.step_limit is not None else ""
+            self.reason = (f"train.compile=auto: {remaining_steps} steps left{to_limit} at {per_step * 1000:.1f} ms "
+                           f"eager = {remaining_steps * per_step:.0f} s {'>' if self.decided else '<='} {limit:.0f} s")
             return self.decided
         return None

@@ -41,7 +41,7 @@ from resmlp.runtime import (
     resolve_amp,
 )
 from resmlp.train.config import TrainConfig
-from resmlp.train.controls import at_step_limit, stop_at_step_limit
+from resmlp.train.controls import should_stop, stop_early
 from resmlp.train.outputs import checkpoint_metadata, run_summary, score_test_split, side_outputs
 from resmlp.train.state import STATE_FILE, load_state, restore, save_state, seed_step, snapshot, state_to_resume
 from resmlp.train.step import (
@@ -94,7 +94,7 @@ class Trainer:
                              f"batch ({t.batch_size}); lower train.batch_size")
         self._build_optimization()
         self.loss_fn = task.build_loss(self, num_classes)
-        self.compile_choice = CompileChoice(str(t.compile).lower(), device, info.world_size)
+        self.compile_choice = CompileChoice(str(t.compile).lower(), device, info.world_size, max_steps)
         self.train_model: nn.Module = self._compiled(self.model) if self.compile_choice.decided else self.model
         if self.compile_choice.decided and info.is_main:  # the bar waits at its first step while torch compiles
             print(f"{self.compile_choice.reason}: the first step compiles the model (a minute or more on a CPU)",
@@ -141,12 +141,12 @@ class Trainer:
             if self.history:  # a resume: the files a kill during the last epoch's side outputs left unwritten
                 side_outputs(self, self.history[-1], logs=False)
         try:
-            while self.epoch < self.cfg.schedule.epochs and not at_step_limit(self):
+            while self.epoch < self.cfg.schedule.epochs and not should_stop(self):
                 self._train_epoch()
-                if self.step_in_epoch == self.steps_per_epoch:  # not stopped by --max-steps within the epoch
+                if self.step_in_epoch == self.steps_per_epoch:  # not stopped within the epoch (--max-steps, a signal)
                     self._end_epoch()
             if self.epoch < self.cfg.schedule.epochs:
-                return stop_at_step_limit(self, self._save_state)
+                return stop_early(self, self._save_state)
         finally:
             if self.info.is_main:
                 self.tb.close()
@@ -162,7 +162,7 @@ class Trainer:
         self.totals.reset()
         self.loss_before = self.epoch_totals[0].item()  # a resumed epoch's loss sum so far (host tensor)
         self.last_read, self.steps_at_read, self.loss_at_read = time.perf_counter(), self.step_in_epoch, 0.0
-        while self.step_in_epoch < self.steps_per_epoch and not at_step_limit(self):
+        while self.step_in_epoch < self.steps_per_epoch and not should_stop(self):
             seed_step(t.seed, self.global_step, self.info.rank)
             step_loss, images = self._forward_backward(micro_batches)
             images_seen += images
@@ -306,7 +306,7 @@ class Trainer:
         """train.compile=auto: compile once the eager steps say the rest of the run pays for it."""
         remaining = (self.cfg.schedule.epochs - self.epoch) * self.steps_per_epoch - self.step_in_epoch
         sync = torch.cuda.synchronize if self.info.device.type == "cuda" else (lambda: None)
-        if self.compile_choice.after_step(remaining, sync):
+        if self.compile_choice.after_step(remaining, sync, self.global_step):
             self.train_model = self._compiled(self.train_model)
             if self.info.is_main:
                 print(self.compile_choice.reason + ": compiling (the next step takes a minute or more on a CPU)",

@@ -28,7 +28,7 @@ from resmlp.data.device.decode import (
     collate_encoded,
     decode_batch,
 )
-from resmlp.runtime import copy_to
+from resmlp.runtime import copy_to, worker_ignores_stop_signals
 
 PIPELINES = ("device", "timm")
 
@@ -52,10 +52,11 @@ class DevicePipeline:
         collate = self.collate if in_workers(device, num_workers) else collate_encoded
         if isinstance(self.dataset, EncodedStream):  # it orders itself; fresh workers read each epoch's plan
             return DataLoader(self.dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate,
-                              drop_last=True, pin_memory=device.type == "cuda")
+                              drop_last=True, pin_memory=device.type == "cuda",
+                              worker_init_fn=worker_ignores_stop_signals)
         return DataLoader(self.dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                           collate_fn=collate, drop_last=True, pin_memory=device.type == "cuda",
-                          persistent_workers=num_workers > 0)
+                          persistent_workers=num_workers > 0, worker_init_fn=worker_ignores_stop_signals)
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor, int, Counter]:
         images, kept, fallbacks = decode_batch(batch, self.device, self.in_chans)

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from resmlp.data.loading.samplers import ResumableSampler, SeededDataset, ShardSampler, collate_skipping
 from resmlp.data.per_image.decoded import DecodedStream
 from resmlp.data.records import StreamPlan
+from resmlp.runtime import worker_ignores_stop_signals
 
 
 class StreamPosition:
@@ -45,10 +46,10 @@ def train_loader(dataset: Dataset, sampler: ResumableSampler | StreamPosition, b
     """(images, targets, skipped) batches of the training split in the sampler's order."""
     if isinstance(sampler, StreamPosition):
         return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_skipping,
-                          drop_last=True, pin_memory=pin_memory)
+                          drop_last=True, pin_memory=pin_memory, worker_init_fn=worker_ignores_stop_signals)
     return DataLoader(SeededDataset(dataset), batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       collate_fn=collate_skipping, drop_last=True, pin_memory=pin_memory,
-                      persistent_workers=num_workers > 0)
+                      persistent_workers=num_workers > 0, worker_init_fn=worker_ignores_stop_signals)
 
 
 def eval_loader(dataset: Dataset, batch_size: int, num_workers: int, world_size: int = 1, rank: int = 0,
@@ -61,6 +62,7 @@ def eval_loader(dataset: Dataset, batch_size: int, num_workers: int, world_size:
         dataset.plan = StreamPlan(world_size=world_size, rank=rank, num_workers=num_workers, batch_size=batch_size,
                                   train=False)
         return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_skipping,
-                          pin_memory=pin_memory)
+                          pin_memory=pin_memory, worker_init_fn=worker_ignores_stop_signals)
     return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), world_size, rank),
-                      num_workers=num_workers, collate_fn=collate_skipping, pin_memory=pin_memory)
+                      num_workers=num_workers, collate_fn=collate_skipping, pin_memory=pin_memory,
+                      worker_init_fn=worker_ignores_stop_signals)
