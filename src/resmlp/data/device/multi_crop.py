@@ -1,0 +1,278 @@
+"""DINO's multi-crop on whole batches, where the images are: a fixed sequence of batch ops per batch.
+
+DINO's training transform (main_dino.py, DataAugmentationDINO; resmlp.train.dino.MultiCropTransform is its PIL
+form) makes, per image, 2 global views and `num_local` local views, each: RandomResizedCrop (bicubic; global
+scale (0.4, 1), local (0.05, 0.4), aspect (3/4, 4/3)), horizontal flip (p 0.5), ColorJitter(0.4, 0.4, 0.2, 0.1)
+(p 0.8; grey images: brightness and contrast only), RandomGrayscale (p 0.2; RGB only), Gaussian blur with a radius
+uniform in [0.1, 2] (p 1.0 / 0.1 / 0.5 for the first global, the second global and the local views), solarize at
+128 (p 0.2, second global view only), Normalize. Local views are augmented at their own size, then resized to
+the global size (resmlp.train.dino's module doc, option (a)).
+
+`MultiCropAugment` does the same to a batch of decoded uint8 images of any sizes:
+- every random choice of every image and view is drawn on the host from the image's own uniforms
+  (resmlp.data.device.augment.uniforms, one stream per view, from its sampler key): crop boxes by
+  RandomResizedCrop's rule (torchvision's get_params, the rule of timm's crop_boxes), flips, jitter factors and
+  torchvision's per-image random order of the four jitter ops, grey, blur kernels, solarize;
+- those numbers go to the device in one page-locked copy per batch;
+- each view is cropped and resized in one batched resample (resmlp.data.device.resample.resized_crop); the views
+  of one size are then stacked, and each photometric op runs once per size on all of them, where an image the
+  op does not touch gets the op's neutral value (factor 1, a one-tap kernel) or a mask.
+So a batch costs the same few hundred ops whatever its size (tests/test_multi_crop.py counts them).
+
+Pixels are floats in [0, 1] from the resample on, as torchvision's tensor ops take them (PIL rounds to uint8
+after each op: within one level). The batched jitter ops are tested against torchvision.transforms.v2's
+per-image ops, the distributions against DINO's PIL transform.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torchvision.transforms.v2 import functional as TF
+from torchvision.transforms.v2.functional._color import _rgb_to_hsv
+
+from resmlp.data.device import augment as da
+from resmlp.data.device import rand_augment as ra
+from resmlp.data.device.resample import resample_weights
+from resmlp.runtime import copy_to
+
+RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop default, which DINO keeps
+JITTER = (0.4, 0.4, 0.2, 0.1)  # DINO's ColorJitter: brightness, contrast, saturation, hue
+P_JITTER, P_GREY, P_FLIP = 0.8, 0.2, 0.5  # DINO's RandomApply(ColorJitter), RandomGrayscale, RandomHorizontalFlip
+BLUR_RADIUS = (0.1, 2.0)  # DINO's utils.GaussianBlur radius range
+BLUR_TAPS = 2 * math.ceil(3 * BLUR_RADIUS[1]) + 1  # DINOGaussianBlur's kernel out to 3 sigma, at the widest sigma
+SOLARIZE_AT = 128 / 255  # DINO's RandomSolarize(128) on uint8
+# per view: crop (areas, aspects, top, left, flip), jitter (apply, 4 factors, 4 order keys), grey, blur (apply,
+# radius), solarize
+VIEW_UNIFORMS = da.CROP_UNIFORMS + 9 + 1 + 2 + 1
+# per row of the upload: flip, 4 jitter factors (neutral where the jitter is off), 4 op order, grey, solarize,
+# the blur kernel's taps
+ROW = 11 + BLUR_TAPS
+NEUTRAL = np.array([1.0, 1.0, 1.0, 0.0])  # the jitter factors that leave an image as it is
+
+
+@dataclass(frozen=True)
+class View:
+    """One of DINO's views: crop scale, the size it is augmented at, and its blur and solarize probabilities."""
+
+    scale: tuple[float, float]
+    size: int
+    p_blur: float
+    p_solarize: float
+
+
+class MultiCropAugment:
+    """Decoded uint8 images (a list of (C, H, W) tensors, or an (N, H, W[, C]) batch) + one seed per image ->
+    a list of 2 + num_local normalised float (N, in_chans, S, S) views on the images' device (module doc)."""
+
+    def __init__(self, img_size: int, in_chans: int, mean: Sequence[float], std: Sequence[float], num_local: int = 4,
+                 global_scale: Sequence[float] = (0.4, 1.0), local_scale: Sequence[float] = (0.05, 0.4),
+                 local_size: int | None = None) -> None:
+        local_size = local_size or max(img_size * 3 // 7, 8)  # MultiCropTransform's default
+        if min(img_size, local_size) <= BLUR_TAPS // 2:
+            raise ValueError(f"the device multi-crop blurs with {BLUR_TAPS} taps and needs views over "
+                             f"{BLUR_TAPS // 2} pixels; set dino.local_size and model.img_size to at least "
+                             f"{BLUR_TAPS // 2 + 1} or data.pipeline=timm")
+        self.img_size, self.in_chans, self.num_local = img_size, in_chans, num_local
+        # DINO's two global views: blurred always / rarely, the second solarised at 0.2; then the local views
+        self.views = [View(tuple(global_scale), img_size, 1.0, 0.0), View(tuple(global_scale), img_size, 0.1, 0.2)]
+        self.views += [View(tuple(local_scale), local_size, 0.5, 0.0)] * num_local
+        self.stats = torch.tensor([list(mean), list(std)], dtype=torch.float32).view(2, 1, -1, 1, 1)
+
+    def draw(self, seeds: Sequence[int], sizes: np.ndarray) -> dict[str, np.ndarray]:
+        """Every image's and view's choices, on the host: `boxes` (V, N, 4) top, left, h, w and `rows`
+        (V, N, ROW): flip, jitter factors, jitter order, grey, solarize, blur kernel (see ROW)."""
+        heights, widths = sizes[:, 0].astype(np.float64), sizes[:, 1].astype(np.float64)
+        boxes, rows = [], []
+        for index, view in enumerate(self.views):
+            u = da.uniforms(seeds, VIEW_UNIFORMS, stream=100 + index)
+            crop, jitter, rest = np.split(u, [da.CROP_UNIFORMS, da.CROP_UNIFORMS + 9], axis=1)
+            boxes.append(da.crop_boxes(crop, heights, widths, view.scale, RATIO))
+            rows.append(np.concatenate([
+                (crop[:, -1:] < P_FLIP), self._jitter(jitter),
+                (rest[:, :1] < P_GREY) & (self.in_chans == 3), rest[:, 3:4] < view.p_solarize,
+                blur_kernels(rest[:, 1] < view.p_blur,
+                             BLUR_RADIUS[0] + (BLUR_RADIUS[1] - BLUR_RADIUS[0]) * rest[:, 2])], axis=1))
+        return {"boxes": np.stack(boxes), "rows": np.stack(rows)}
+
+    def _jitter(self, u: np.ndarray) -> np.ndarray:
+        """(N, 8): torchvision's ColorJitter.get_params per image, neutral factors where RandomApply skips it:
+        brightness and contrast in [0.6, 1.4], saturation in [0.8, 1.2], hue in [-0.1, 0.1] (grey images:
+        brightness and contrast only, as MultiCropTransform's ColorJitter(0.4, 0.4)); a uniformly random order
+        of the four ops (torch.randperm(4)) as the ranks of four uniforms."""
+        spread = np.array(JITTER) * (1.0 if self.in_chans == 3 else np.array([1, 1, 0, 0]))
+        factors = NEUTRAL + spread * (2 * u[:, 1:5] - 1)
+        factors = np.where(u[:, :1] < P_JITTER, factors, NEUTRAL)
+        return np.concatenate([factors, np.argsort(u[:, 5:9], axis=1)], axis=1)
+
+    def __call__(self, images: list[torch.Tensor] | torch.Tensor, seeds: Sequence[int]) -> list[torch.Tensor]:
+        return self.augment_padded(*_padded(images), seeds)
+
+    def augment_padded(self, batch: torch.Tensor, sizes: np.ndarray, seeds: Sequence[int]) -> list[torch.Tensor]:
+        """The views of a padded (N, C, H, W) uint8 batch whose image i fills its top left sizes[i] = (h, w):
+        a fixed sequence of batch ops, whatever N."""
+        if len(batch) != len(seeds):
+            raise ValueError(f"{len(batch)} images but {len(seeds)} seeds")
+        batch = _channels(batch, self.in_chans)
+        device, n = batch.device, len(seeds)
+        plan = self.draw(seeds, sizes)
+        if self.stats.device != device:  # once: the statistics then live where the images are
+            self.stats = copy_to(self.stats, device)
+        rows, boxes, sizes_there = self._upload(plan, sizes, device)
+        out = []
+        for size, first, last in self._groups():
+            x = resized_views(batch, sizes_there, boxes[first:last], size)
+            x = self.augment_views(torch.floor(x.clamp(0, 255) + 0.5) / 255,  # PIL's uint8 crop
+                                   rows[first:last].flatten(0, 1))
+            if size != self.img_size:  # option (a): local views augmented small, then resized to the global size
+                x = F.interpolate(x, size=(self.img_size,) * 2, mode="bicubic", antialias=True,
+                                  align_corners=False).clamp(0, 1)
+            out += list(((x - self.stats[0]) / self.stats[1]).view(last - first, n, *x.shape[1:]).unbind(0))
+        return out
+
+    @staticmethod
+    def _upload(plan: dict[str, np.ndarray], sizes: np.ndarray,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's numbers in one float64 tensor, copied to the device once (page-locked, not waited for),
+        then cut into views: rows (V, N, ROW) float32, boxes (V, N, 4) and image sizes (N, 2)."""
+        arrays = (plan["rows"], plan["boxes"], sizes)
+        packed = copy_to(torch.from_numpy(np.concatenate([a.ravel().astype(np.float64) for a in arrays])), device)
+        views, at = [], 0
+        for array in arrays:
+            views.append(packed[at:at + array.size].view(array.shape))
+            at += array.size
+        return views[0].float(), views[1], views[2]
+
+    def _groups(self) -> list[tuple[int, int, int]]:
+        """(size, first view, end view) of each run of views augmented at one size: global, then local."""
+        groups = [(self.img_size, 0, 2)]
+        return groups + [(self.views[2].size, 2, len(self.views))] if self.num_local else groups
+
+    def augment_views(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Flip, colour jitter, grey, blur and solarize of a float [0, 1] batch with one row of numbers per image."""
+        x = torch.where(rows[:, 0].view(-1, 1, 1, 1) > 0, x.flip(-1), x)
+        x = color_jitter(x, rows[:, 1:5], rows[:, 5:9])
+        if x.shape[1] == 3:
+            x = torch.where(rows[:, 9].view(-1, 1, 1, 1) > 0, TF.rgb_to_grayscale(x, 3), x)
+        x = gaussian_blur(x, rows[:, 11:])
+        return torch.where((rows[:, 10].view(-1, 1, 1, 1) > 0) & (x >= SOLARIZE_AT), 1 - x, x)
+
+
+def resized_views(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """(V * N, C, size, size) float: V views' boxes (V, N, 4) of the N padded uint8 images (valid regions `sizes`
+    (N, 2)) resized in one go, view-major. resmlp.data.device.resample.resized_crop's two batched matmuls
+    (PIL's bicubic weights, horizontal pass first, rounded to uint8 levels between the passes as PIL does),
+    with the views as one more batch dimension so the images are not copied once per view."""
+    views, n = boxes.shape[:2]
+    flat, valid = boxes.reshape(-1, 4), sizes.repeat(views, 1)
+    rows = resample_weights(flat[:, 0], flat[:, 2], valid[:, 0], size, images.shape[-2], "bicubic", True)
+    cols = resample_weights(flat[:, 1], flat[:, 3], valid[:, 1], size, images.shape[-1], "bicubic", True)
+    wide = torch.matmul(images.float(), cols.view(views, n, 1, size, -1).transpose(-1, -2))  # (V, N, C, H, size)
+    wide = torch.floor(wide.clamp_(0, 255) + 0.5)
+    return torch.matmul(rows.view(views, n, 1, size, -1), wide).flatten(0, 1)
+
+
+def blur_kernels(apply: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """(N, BLUR_TAPS) 1-D kernels: torchvision's gaussian_blur kernel (2 * ceil(3 sigma) + 1 taps, exp(-x^2 /
+    2 sigma^2) normalised) centred in BLUR_TAPS, the other taps zero; a single tap of 1 where `apply` is off."""
+    half = BLUR_TAPS // 2
+    x = np.arange(-half, half + 1, dtype=np.float64)[None]
+    inside = np.abs(x) <= np.ceil(3 * sigma)[:, None]
+    pdf = np.where(inside, np.exp(-0.5 * (x / sigma[:, None]) ** 2), 0.0)
+    return np.where(apply[:, None], pdf / pdf.sum(1, keepdims=True), (x == 0).astype(np.float64))
+
+
+def gaussian_blur(x: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
+    """Each image blurred with its own separable kernel ((N, taps) rows), reflect-padded as torchvision's
+    gaussian_blur: two grouped convolutions, one group per image and channel."""
+    n, c, h, w = x.shape
+    taps = kernels.shape[1]
+    weight = kernels.to(x.dtype).repeat_interleave(c, dim=0)  # (N*C, taps)
+    flat = F.pad(x.reshape(1, n * c, h, w), [taps // 2] * 4, mode="reflect")
+    flat = F.conv2d(flat, weight.view(n * c, 1, 1, taps), groups=n * c)
+    flat = F.conv2d(flat, weight.view(n * c, 1, taps, 1), groups=n * c)
+    return flat.view(n, c, h, w)
+
+
+def color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """torchvision's ColorJitter with per-image factors (N, 4) and per-image op order (N, 4; a permutation of
+    brightness, contrast, saturation, hue): at each of the four places every op runs on the whole batch with the
+    neutral factor for the images whose op at that place is another."""
+    ops = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
+    for place in range(4):
+        for index, op in enumerate(ops):
+            if index >= 2 and x.shape[1] == 1:  # saturation and hue leave a grey image as it is (torchvision's)
+                continue
+            chosen = order[:, place:place + 1] == index
+            x = op(x, torch.where(chosen[:, 0], factors[:, index], float(NEUTRAL[index])))
+    return x
+
+
+def _blend(a: torch.Tensor, b: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """torchvision's _blend with one ratio per image: ratio * a + (1 - ratio) * b, clamped to [0, 1]."""
+    ratio = ratio.view(-1, 1, 1, 1)
+    return (ratio * a + (1 - ratio) * b).clamp(0, 1)
+
+
+def adjust_brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return (x * factor.view(-1, 1, 1, 1)).clamp(0, 1)
+
+
+def adjust_contrast(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    grey = TF.rgb_to_grayscale(x) if x.shape[1] == 3 else x
+    return _blend(x, grey.mean(dim=(-3, -2, -1), keepdim=True), factor)
+
+
+def adjust_saturation(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return _blend(x, TF.rgb_to_grayscale(x), factor)
+
+
+def adjust_hue(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """torchvision's adjust_hue with one shift per image: torchvision's RGB -> HSV (a private function of
+    torchvision.transforms.v2.functional._color, batched already), the hue moved by the image's shift, back to
+    RGB by `_hsv_to_rgb`; images with shift 0 keep their pixels (the round trip is not exact in float)."""
+    h, s, v = _rgb_to_hsv(x).unbind(dim=-3)
+    moved = _hsv_to_rgb((h + factor.view(-1, 1, 1)).remainder(1.0), s, v)
+    return torch.where(factor.view(-1, 1, 1, 1) != 0, moved, x)
+
+
+def _hsv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """(N, 3, H, W) RGB of hue, saturation and value planes, in closed form: channel n (R, G, B: n = 5, 3, 1) is
+    v - v s clamp(min(k, 4 - k), 0, 1) with k = (n + 6 h) mod 6, the sector formula torchvision's _hsv_to_rgb
+    evaluates with a lookup table. Ours because torchvision's copies that table to the device from pageable
+    memory on every call: a host wait per call on a GPU (tested equal to it)."""
+    k = (torch.arange(5, 0, -2, device=h.device, dtype=h.dtype).view(1, 3, 1, 1) + 6 * h.unsqueeze(1)).remainder(6)
+    ramp = torch.minimum(k, 4 - k).clamp(0, 1)
+    value = v.unsqueeze(1)
+    return value - value * s.unsqueeze(1) * ramp
+
+
+def _padded(images: list[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """(N, C, H, W) uint8, zero-padded at the bottom and right to the largest image, and the (N, 2) image sizes
+    (host metadata). A batch tensor (N, H, W[, C]) or a list of one size is stacked in one op; a list of mixed
+    sizes costs a copy per image."""
+    if isinstance(images, torch.Tensor):
+        batch = images.unsqueeze(1) if images.dim() == 3 else images.permute(0, 3, 1, 2)
+        return batch, np.tile(np.array(batch.shape[-2:], dtype=np.int64), (len(batch), 1))
+    images = [image.unsqueeze(0) if image.dim() == 2 else image for image in images]
+    sizes = np.array([image.shape[-2:] for image in images], dtype=np.int64)
+    if (sizes == sizes[0]).all():
+        return torch.stack(images), sizes
+    batch = images[0].new_zeros((len(images), images[0].shape[0], *sizes.max(0)))
+    for out, image in zip(batch, images, strict=True):
+        out[:, :image.shape[1], :image.shape[2]] = image
+    return batch, sizes
+
+
+def _channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """(N, C, H, W) uint8 with the model's channel count: RGB -> 'L' by PIL's weights, grey -> RGB."""
+    if x.shape[1] == 3 and in_chans == 1:
+        return ra.luminance(x.float()).to(torch.uint8)
+    if x.shape[1] == 1 and in_chans == 3:
+        return x.expand(-1, 3, -1, -1)
+    return x
