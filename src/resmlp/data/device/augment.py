@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import default_collate
 
 from resmlp.data.device import rand_augment as ra
 from resmlp.runtime import copy_to
@@ -186,33 +185,6 @@ class DeviceAugment:
             generator = torch.Generator(device=x.device).manual_seed(int(seeds[i]))
             noise = torch.randn((x.shape[1], h, w), generator=generator, device=x.device, dtype=x.dtype)
             x[i, :, top:top + h, left:left + w] = noise
-
-
-class PerImageOnDevice:
-    """A torchvision transform that takes uint8 tensors (DINO's multi-crop: crops, colour jitter, grey, blur,
-    solarize, flips; resmlp.train.dino.MultiCropTransform(tensors=True)) applied to each decoded image where it
-    is, its random parameters drawn by torchvision on the CPU generator seeded with the image's seed, the results
-    collated (a batch, or a list of crop batches) and normalised by `mean` and `std`. torchvision's tensor
-    kernels, so the device runs the pixels; one image at a time, as torchvision's colour jitter draws one factor
-    per call."""
-
-    def __init__(self, transform: Callable, in_chans: int, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.transform, self.in_chans = transform, in_chans
-        self.stats = torch.tensor([list(mean), list(std)], dtype=torch.float32).view(2, 1, -1, 1, 1)
-
-    def __call__(self, images: list[torch.Tensor] | torch.Tensor, seeds: Sequence[int]):
-        images = _as_list(images)
-        if self.stats.device != images[0].device:  # once: the statistics then live where the images are
-            self.stats = copy_to(self.stats, images[0].device)
-        out = []
-        with torch.random.fork_rng(devices=[]):
-            for image, seed in zip(images, seeds, strict=True):
-                torch.default_generator.manual_seed(int(seed))
-                out.append(self.transform(_channels(image.unsqueeze(0), self.in_chans)[0]))
-        batch = default_collate(out)
-        if isinstance(batch, torch.Tensor):
-            return (batch - self.stats[0]) / self.stats[1]
-        return [(crops - self.stats[0]) / self.stats[1] for crops in batch]
 
 
 def _as_list(images: list[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:

@@ -39,6 +39,7 @@ from torchvision.transforms.v2.functional._color import _rgb_to_hsv
 from resmlp.data.device import augment as da
 from resmlp.data.device import rand_augment as ra
 from resmlp.data.device.resample import resample_weights
+from resmlp.errors import ConfigError
 from resmlp.runtime import copy_to
 
 RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop default, which DINO keeps
@@ -75,7 +76,7 @@ class MultiCropAugment:
                  local_size: int | None = None) -> None:
         local_size = local_size or max(img_size * 3 // 7, 8)  # MultiCropTransform's default
         if min(img_size, local_size) <= BLUR_TAPS // 2:
-            raise ValueError(f"the device multi-crop blurs with {BLUR_TAPS} taps and needs views over "
+            raise ConfigError(f"the device multi-crop blurs with {BLUR_TAPS} taps and needs views over "
                              f"{BLUR_TAPS // 2} pixels; set dino.local_size and model.img_size to at least "
                              f"{BLUR_TAPS // 2 + 1} or data.pipeline=timm")
         self.img_size, self.in_chans, self.num_local = img_size, in_chans, num_local
