@@ -59,19 +59,29 @@ def test_contrast_of_a_grey_batch_uses_each_images_own_mean():
     assert torch.allclose(mc.adjust_contrast(x, factors), theirs, atol=1e-5)
 
 
+def jitter_steps(factors: np.ndarray, order: np.ndarray, in_chans: int = 3) -> list[mc.JitterStep]:
+    """jitter_plan's steps for these factors and orders, as tensors (what the upload gives the device)."""
+    rows = np.zeros((len(factors), mc.ROW))
+    rows[:, 1:5], rows[:, 5:9] = factors, order
+    return [mc.JitterStep(s.op, torch.from_numpy(s.index), torch.from_numpy(s.factor).float())
+            for s in mc.jitter_plan(rows, in_chans)]
+
+
 def test_jitter_runs_in_each_images_own_order():
     x = floats()
-    factors = torch.tensor([[1.3, 0.7, 1.15, 0.08]] * len(x))
-    order = torch.stack([torch.randperm(4, generator=torch.Generator().manual_seed(i)) for i in range(len(x))])
-    ours = mc.color_jitter(x, factors, order.float())
+    factors = np.array([[1.3, 0.7, 1.15, 0.08]] * len(x))
+    factors[2] = mc.NEUTRAL  # this image's RandomApply skipped the jitter
+    order = np.stack([np.random.default_rng(i).permutation(4) for i in range(len(x))])
+    ours = mc.color_jitter(x, jitter_steps(factors, order))
     ops = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue)
-    for image, out, perm in zip(x, ours, order, strict=True):
+    for image, out, perm, row in zip(x, ours, order, factors, strict=True):
         for index in perm.tolist():
-            image = ops[index](image, float(factors[0, index]))
+            image = ops[index](image, float(row[index]))
         assert torch.allclose(out, image, atol=1e-5)
     # one fixed order for all is caught: the ops do not commute
-    fixed = mc.color_jitter(x, factors, torch.arange(4.0).expand(len(x), 4))
+    fixed = mc.color_jitter(x, jitter_steps(factors, np.tile(np.arange(4), (len(x), 1))))
     assert not torch.allclose(fixed, ours, atol=1e-3)
+    assert len(mc.jitter_plan(np.zeros((4, mc.ROW)) + np.r_[0, 1.2, 1.2, 1, 0, 0, 1, 2, 3, np.zeros(15)], 1)) == 2
 
 
 def test_per_image_blur_matches_torchvisions_gaussian_blur():
@@ -94,7 +104,7 @@ def test_a_view_equals_torchvisions_ops_one_image_at_a_time():
     x = floats(n=8, h=16, w=16, seed=3)
     rows = aug.draw(list(range(8)), np.full((8, 2), 16))["rows"][1]  # the second global view: solarize too
     rows[:, 10] = 1  # solarize all, so the threshold is exercised
-    ours = aug.augment_views(x, torch.from_numpy(rows).float())
+    ours = aug.augment_views(x, torch.from_numpy(rows).float(), jitter_steps(rows[:, 1:5], rows[:, 5:9]))
     ops = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue)
     for image, out, row in zip(x, ours, rows, strict=True):
         image = TF.horizontal_flip(image) if row[0] else image
@@ -233,19 +243,19 @@ def count_ops(aug: mc.MultiCropAugment, images: list[torch.Tensor], padded: bool
     return counter.count
 
 
-def dino_ops(device: str = "cpu", padded: bool = True, batches: tuple[int, int] = (16, 64)) -> tuple[int, int]:
+def dino_ops(device: str = "cpu", padded: bool = True, batches: tuple[int, ...] = (16, 64)) -> tuple[int, ...]:
     """The aten ops of DINO's 12 views (2 global + 10 local) of mixed-size images at two batch sizes: from a
     padded batch (the augmentation), or from a list (then padding copies each image once)."""
-    aug = mc.MultiCropAugment(16, 3, MEAN, STD, num_local=10, local_size=8)
+    aug = mc.MultiCropAugment(16, 3, MEAN, STD, num_local=10, local_size=8, per_crop_on_cpu=False)
     return tuple(count_ops(aug, [image.to(device) for image in images(n)], padded) for n in batches)
 
 
 def test_ops_per_batch_do_not_grow_with_the_batch():
     small, large = dino_ops()
-    assert large == small <= 3000, (small, large)
-    # a list of mixed sizes adds the padding: one copy per image, the only part that grows
-    listed = dino_ops(padded=False, batches=(8, 16))
-    assert listed[1] - listed[0] <= 8 * 3 and listed[0] - small <= 8 * 3, listed
+    assert large <= 1.2 * small and large <= 3000, (small, large)
+    # a list of mixed sizes adds the padding: a copy per image, the only part that grows with the batch
+    listed = dino_ops(padded=False, batches=(16, 16))[0]
+    assert 0 < listed - small <= 3 * 16, (listed, small)
 
 
 def test_on_fake_cuda_the_views_read_nothing_back(monkeypatch):
@@ -257,7 +267,7 @@ def test_on_fake_cuda_the_views_read_nothing_back(monkeypatch):
             [image.to("cuda") for image in images(3)], [1, 2, 3])
     assert all(v.device.type == "cuda" for v in views)
     assert ledger.inside("MultiCropAugment.__call__") == []
-    assert large == small <= 3000, (small, large)
+    assert large <= 1.2 * small and large <= 3000, (small, large)
 
 
 def test_all_views_resized_at_once_equal_resized_crop_view_by_view():
@@ -269,5 +279,9 @@ def test_all_views_resized_at_once_equal_resized_crop_view_by_view():
                           [[4, 6, 9, 9], [0, 0, 25, 33], [10, 2, 12, 18]]], dtype=torch.float64)
     ours = mc.resized_views(batch, sizes, boxes, 8).view(2, 3, 3, 8, 8)
     for view in range(2):
-        assert torch.allclose(ours[view], resized_crop(batch, sizes, boxes[view], (8, 8), "bicubic"), atol=1e-3)
+        theirs = torch.floor(resized_crop(batch, sizes, boxes[view], (8, 8), "bicubic").clamp(0, 255) + 0.5)
+        assert (ours[view] - theirs).abs().max() <= 1 and (ours[view] == theirs).float().mean() > 0.99
     assert not torch.allclose(ours[0], ours[1], atol=1)
+    # the CPU's per-crop form: torch's uint8 kernels, within 1 level of the batched weights (PIL's)
+    cpu = mc.resized_views_cpu(batch, boxes.long().numpy(), 8).view(2, 3, 3, 8, 8)
+    assert (cpu - ours).abs().max() <= 1 and (cpu == ours).float().mean() > 0.95

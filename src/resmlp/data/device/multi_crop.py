@@ -14,10 +14,12 @@ the global size (resmlp.train.dino's module doc, option (a)).
   RandomResizedCrop's rule (torchvision's get_params, the rule of timm's crop_boxes), flips, jitter factors and
   torchvision's per-image random order of the four jitter ops, grey, blur kernels, solarize;
 - those numbers go to the device in one page-locked copy per batch;
-- each view is cropped and resized in one batched resample (resmlp.data.device.resample.resized_crop); the views
-  of one size are then stacked, and each photometric op runs once per size on all of them, where an image the
-  op does not touch gets the op's neutral value (factor 1, a one-tap kernel) or a mask.
-So a batch costs the same few hundred ops whatever its size (tests/test_multi_crop.py counts them).
+- the views of one size are cropped and resized together in one batched resample (resmlp.data.device.resample's
+  weights; on CPU tensors one torch resize per crop instead, ~30x faster there, where an op costs no launch);
+  each photometric op then runs once per size on all of those views: masked (flip, grey, solarize), with a
+  neutral kernel for the images it skips (blur), or on the images that have it at that place of their jitter
+  order (gathered by host-drawn indices, so each image pays for each jitter op once).
+So on a GPU a batch costs the same ~1,300 ops whatever its size (tests/test_multi_crop.py counts them).
 
 Pixels are floats in [0, 1] from the resample on, as torchvision's tensor ops take them (PIL rounds to uint8
 after each op: within one level). The batched jitter ops are tested against torchvision.transforms.v2's
@@ -29,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -73,13 +76,15 @@ class MultiCropAugment:
 
     def __init__(self, img_size: int, in_chans: int, mean: Sequence[float], std: Sequence[float], num_local: int = 4,
                  global_scale: Sequence[float] = (0.4, 1.0), local_scale: Sequence[float] = (0.05, 0.4),
-                 local_size: int | None = None) -> None:
+                 local_size: int | None = None, per_crop_on_cpu: bool = True) -> None:
         local_size = local_size or max(img_size * 3 // 7, 8)  # MultiCropTransform's default
         if min(img_size, local_size) <= BLUR_TAPS // 2:
             raise ConfigError(f"the device multi-crop blurs with {BLUR_TAPS} taps and needs views over "
                              f"{BLUR_TAPS // 2} pixels; set dino.local_size and model.img_size to at least "
                              f"{BLUR_TAPS // 2 + 1} or data.pipeline=timm")
         self.img_size, self.in_chans, self.num_local = img_size, in_chans, num_local
+        self.per_crop_on_cpu = per_crop_on_cpu  # resized_views_cpu on CPU tensors (the faster there; tests count
+        # the batch ops on CPU tensors with False)
         # DINO's two global views: blurred always / rarely, the second solarised at 0.2; then the local views
         self.views = [View(tuple(global_scale), img_size, 1.0, 0.0), View(tuple(global_scale), img_size, 0.1, 0.2)]
         self.views += [View(tuple(local_scale), local_size, 0.5, 0.0)] * num_local
@@ -124,12 +129,15 @@ class MultiCropAugment:
         plan = self.draw(seeds, sizes)
         if self.stats.device != device:  # once: the statistics then live where the images are
             self.stats = copy_to(self.stats, device)
-        rows, boxes, sizes_there = self._upload(plan, sizes, device)
+        groups = self._groups()
+        steps = [jitter_plan(plan["rows"][first:last].reshape(-1, ROW), self.in_chans) for _, first, last in groups]
+        rows, boxes, sizes_there, jitter = self._upload(plan, sizes, steps, device)
         out = []
-        for size, first, last in self._groups():
-            x = resized_views(batch, sizes_there, boxes[first:last], size)
-            x = self.augment_views(torch.floor(x.clamp(0, 255) + 0.5) / 255,  # PIL's uint8 crop
-                                   rows[first:last].flatten(0, 1))
+        for (size, first, last), group_steps in zip(groups, jitter, strict=True):
+            x = (resized_views_cpu(batch, plan["boxes"][first:last], size)
+                 if device.type == "cpu" and self.per_crop_on_cpu else
+                 resized_views(batch, sizes_there, boxes[first:last], size))
+            x = self.augment_views(x / 255, rows[first:last].flatten(0, 1), group_steps)
             if size != self.img_size:  # option (a): local views augmented small, then resized to the global size
                 x = F.interpolate(x, size=(self.img_size,) * 2, mode="bicubic", antialias=True,
                                   align_corners=False).clamp(0, 1)
@@ -137,45 +145,91 @@ class MultiCropAugment:
         return out
 
     @staticmethod
-    def _upload(plan: dict[str, np.ndarray], sizes: np.ndarray,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _upload(plan: dict[str, np.ndarray], sizes: np.ndarray, steps: list[list[JitterStep]],
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[JitterStep]]]:
         """The batch's numbers in one float64 tensor, copied to the device once (page-locked, not waited for),
-        then cut into views: rows (V, N, ROW) float32, boxes (V, N, 4) and image sizes (N, 2)."""
-        arrays = (plan["rows"], plan["boxes"], sizes)
-        packed = copy_to(torch.from_numpy(np.concatenate([a.ravel().astype(np.float64) for a in arrays])), device)
-        views, at = [], 0
-        for array in arrays:
-            views.append(packed[at:at + array.size].view(array.shape))
-            at += array.size
-        return views[0].float(), views[1], views[2]
+        then cut into views: rows (V, N, ROW) float32, boxes (V, N, 4), image sizes (N, 2) and each group's
+        jitter steps (their image indices as int64, in one cast)."""
+        indices = [step.index for group in steps for step in group]
+        factors = [step.factor for group in steps for step in group]
+        arrays = [plan["rows"], plan["boxes"], sizes, *factors]
+        packed = copy_to(torch.from_numpy(np.concatenate(
+            [a.ravel().astype(np.float64) for a in arrays + indices] + [np.zeros(0)])), device)
+        floats = _cut(packed, [a.size for a in arrays])
+        whole = packed[sum(a.size for a in arrays):].long()  # the indices: exact in float64, one cast
+        factors_there, indices_there = iter(floats[3:]), iter(_cut(whole, [a.size for a in indices]))
+        jitter = [[JitterStep(step.op, next(indices_there), next(factors_there).float()) for step in group]
+                  for group in steps]
+        return (floats[0].view(plan["rows"].shape).float(), floats[1].view(plan["boxes"].shape),
+                floats[2].view(sizes.shape), jitter)
 
     def _groups(self) -> list[tuple[int, int, int]]:
         """(size, first view, end view) of each run of views augmented at one size: global, then local."""
         groups = [(self.img_size, 0, 2)]
         return groups + [(self.views[2].size, 2, len(self.views))] if self.num_local else groups
 
-    def augment_views(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Flip, colour jitter, grey, blur and solarize of a float [0, 1] batch with one row of numbers per image."""
+    def augment_views(self, x: torch.Tensor, rows: torch.Tensor, steps: list[JitterStep]) -> torch.Tensor:
+        """Flip, colour jitter, grey, blur and solarize of a float [0, 1] batch with one row of numbers per image
+        and the batch's jitter steps (jitter_plan)."""
         x = torch.where(rows[:, 0].view(-1, 1, 1, 1) > 0, x.flip(-1), x)
-        x = color_jitter(x, rows[:, 1:5], rows[:, 5:9])
+        x = color_jitter(x, steps)
         if x.shape[1] == 3:
             x = torch.where(rows[:, 9].view(-1, 1, 1, 1) > 0, TF.rgb_to_grayscale(x, 3), x)
         x = gaussian_blur(x, rows[:, 11:])
         return torch.where((rows[:, 10].view(-1, 1, 1, 1) > 0) & (x >= SOLARIZE_AT), 1 - x, x)
 
 
+class JitterStep(NamedTuple):
+    """One op of the colour jitter at one place of the images' orders: which op (0-3: brightness, contrast,
+    saturation, hue), the images it runs on at that place, and their factors."""
+
+    op: int
+    index: np.ndarray | torch.Tensor
+    factor: np.ndarray | torch.Tensor
+
+
+def jitter_plan(rows: np.ndarray, in_chans: int) -> list[JitterStep]:
+    """The colour jitter of a batch as at most 16 steps, on the host: at each of the four places of the images'
+    own orders (torchvision's per-image randperm), each op on the images that have it there, so every image
+    passes through each op once (the images whose jitter RandomApply skipped, none). Grey images: brightness
+    and contrast only."""
+    factors, order = rows[:, 1:5], rows[:, 5:9].astype(np.int64)
+    jittered = (factors != NEUTRAL).any(1)
+    steps = []
+    for place in range(4):
+        for op in range(4 if in_chans == 3 else 2):
+            index = np.nonzero(jittered & (order[:, place] == op))[0]
+            if len(index):
+                steps.append(JitterStep(op, index, factors[index, op]))
+    return steps
+
+
 def resized_views(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
     """(V * N, C, size, size) float: V views' boxes (V, N, 4) of the N padded uint8 images (valid regions `sizes`
-    (N, 2)) resized in one go, view-major. resmlp.data.device.resample.resized_crop's two batched matmuls
-    (PIL's bicubic weights, horizontal pass first, rounded to uint8 levels between the passes as PIL does),
-    with the views as one more batch dimension so the images are not copied once per view."""
+    (N, 2)) resized in one go, view-major, rounded to uint8 levels as PIL's crop. resmlp.data.device.resample's
+    weights in resized_crop's two passes (PIL's bicubic, horizontal first, rounded between the passes as PIL
+    does), the views' column weights side by side so that one matmul reads each image once."""
     views, n = boxes.shape[:2]
     flat, valid = boxes.reshape(-1, 4), sizes.repeat(views, 1)
     rows = resample_weights(flat[:, 0], flat[:, 2], valid[:, 0], size, images.shape[-2], "bicubic", True)
     cols = resample_weights(flat[:, 1], flat[:, 3], valid[:, 1], size, images.shape[-1], "bicubic", True)
-    wide = torch.matmul(images.float(), cols.view(views, n, 1, size, -1).transpose(-1, -2))  # (V, N, C, H, size)
-    wide = torch.floor(wide.clamp_(0, 255) + 0.5)
-    return torch.matmul(rows.view(views, n, 1, size, -1), wide).flatten(0, 1)
+    _, c, h, w = images.shape
+    side_by_side = cols.view(views, n, size, w).permute(1, 3, 0, 2).reshape(n, w, views * size)
+    wide = torch.bmm(images.float().view(n, c * h, w), side_by_side)  # (N, C * H, V * size)
+    wide = torch.floor(wide.clamp_(0, 255) + 0.5).view(n, c, h, views, size).permute(3, 0, 1, 2, 4)
+    out = torch.matmul(rows.view(views, n, 1, size, h), wide).flatten(0, 1)
+    return torch.floor(out.clamp_(0, 255) + 0.5)
+
+
+def resized_views_cpu(images: torch.Tensor, boxes: np.ndarray, size: int) -> torch.Tensor:
+    """resized_views on the CPU: each crop resized by F.interpolate on uint8 (torch's fixed-point antialiased
+    kernels, made to match PIL's: within 1 level), one call per image and view. On the CPU an op costs no
+    launch, and the dense matmuls over whole padded images cost several times PIL's per-crop resize (a local
+    view's box is 5-40 % of the image), so the CPU takes the per-crop form."""
+    crops = [F.interpolate(images[i:i + 1, :, top:top + h, left:left + w], size=(size, size), mode="bicubic",
+                           antialias=True, align_corners=False)
+             for view in boxes for i, (top, left, h, w) in enumerate(view.tolist())]
+    return torch.cat(crops).float()
 
 
 def blur_kernels(apply: np.ndarray, sigma: np.ndarray) -> np.ndarray:
@@ -200,17 +254,13 @@ def gaussian_blur(x: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
     return flat.view(n, c, h, w)
 
 
-def color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """torchvision's ColorJitter with per-image factors (N, 4) and per-image op order (N, 4; a permutation of
-    brightness, contrast, saturation, hue): at each of the four places every op runs on the whole batch with the
-    neutral factor for the images whose op at that place is another."""
+def color_jitter(x: torch.Tensor, steps: list[JitterStep]) -> torch.Tensor:
+    """torchvision's ColorJitter with per-image factors and order (jitter_plan's steps, on x's device): each
+    step gathers its images, runs its op on them and writes them back, so each image pays for each op once."""
     ops = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
-    for place in range(4):
-        for index, op in enumerate(ops):
-            if index >= 2 and x.shape[1] == 1:  # saturation and hue leave a grey image as it is (torchvision's)
-                continue
-            chosen = order[:, place:place + 1] == index
-            x = op(x, torch.where(chosen[:, 0], factors[:, index], float(NEUTRAL[index])))
+    x = x.clone()
+    for step in steps:
+        x.index_copy_(0, step.index, ops[step.op](x.index_select(0, step.index), step.factor))
     return x
 
 
@@ -251,6 +301,15 @@ def _hsv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tens
     ramp = torch.minimum(k, 4 - k).clamp(0, 1)
     value = v.unsqueeze(1)
     return value - value * s.unsqueeze(1) * ramp
+
+
+def _cut(packed: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+    """Consecutive slices of `packed` of these lengths (views: no copy)."""
+    out, at = [], 0
+    for length in lengths:
+        out.append(packed[at:at + length])
+        at += length
+    return out
 
 
 def _padded(images: list[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
