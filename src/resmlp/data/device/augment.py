@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from resmlp.data.device import rand_augment as ra
+from resmlp.data.device.resample import pad_batch, resized_crop
 from resmlp.runtime import copy_to
 
 ATTEMPTS = 10  # timm's RandomResizedCrop and RandomErasing both try 10 boxes
@@ -37,6 +37,7 @@ ERASE_UNIFORMS = 1 + 2 * ATTEMPTS + 2  # apply, areas, aspect ratios, top, left
 ERASE_AREA = (0.02, 1 / 3)  # timm's RandomErasing defaults (min_area, max_area, min_aspect 0.3)
 ERASE_LOG_ASPECT = (math.log(0.3), math.log(1 / 0.3))
 RESIZE_MODES = ("bicubic", "bilinear", "nearest")
+ERASE_NOISE_STREAM = 7  # the uniforms() stream of each image's erasing-noise key
 
 
 def uniforms(seeds: Sequence[int], count: int, stream: int = 0) -> np.ndarray:
@@ -113,6 +114,7 @@ class DeviceAugment:
         self.fill = torch.tensor(ra.fill_colour(tuple(mean)), dtype=torch.float32)
         layers = self.spec.num_layers if self.spec else 0
         self.counts = (CROP_UNIFORMS, layers * ra.UNIFORMS_PER_LAYER, ERASE_UNIFORMS)
+        self.noise_counters: torch.Tensor | None = None  # hashed pixel counters of the erasing noise, made once
 
     def draw(self, seeds: Sequence[int], sizes: np.ndarray) -> dict[str, object]:
         """Every image's random choices, on the host: crop boxes, flips, RandAugment steps, erased boxes."""
@@ -131,68 +133,117 @@ class DeviceAugment:
         return plan
 
     def __call__(self, images: list[torch.Tensor] | torch.Tensor, seeds: Sequence[int]) -> torch.Tensor:
-        images = _as_list(images)
-        if len(images) != len(seeds):
-            raise ValueError(f"{len(images)} images but {len(seeds)} seeds")
-        device = images[0].device
-        sizes = np.array([image.shape[-2:] for image in images], dtype=np.int64)  # shapes: host metadata
-        plan = self.draw(seeds, sizes)
+        images = _as_chw(images)
+        shapes = _shapes(images)  # host metadata: no device read
+        if len(shapes) != len(seeds):
+            raise ValueError(f"{len(shapes)} images but {len(seeds)} seeds")
+        device = images.device if isinstance(images, torch.Tensor) else images[0].device
+        plan = self.draw(seeds, shapes[:, 1:])
         if self.stats.device != device:  # once: the statistics and the fill then live where the images are
             self.stats, self.fill = copy_to(self.stats, device), copy_to(self.fill, device)
-        x = torch.cat([self._resized_crop(image, *box) for image, box in zip(images, plan["boxes"], strict=True)])
-        parts = self._upload(plan, device)
+        parts = self._upload(plan, shapes, seeds, device)
+        x = self._resized_crops(images, shapes, parts)
         x = torch.where(parts["flip"].view(-1, 1, 1, 1) > 0, x.flip(-1), x)
         for step, (index, values) in zip(plan["steps"], parts["steps"], strict=True):
             ra.run_step(x, step, index, values, self.fill)
         x = (x / 255 - self.stats[0]) / self.stats[1]
         if plan["erase"] is not None:
-            self._erase(x, plan["erase"], seeds)
+            x = self._erase(x, *parts["erase"])
         return self.after(x) if self.after is not None else x
 
-    def _resized_crop(self, image: torch.Tensor, top: int, left: int, h: int, w: int) -> torch.Tensor:
-        """One image's crop resized to img_size: (1, in_chans, S, S) float whole values in [0, 255], as PIL's
-        uint8. On the CPU torch resizes uint8 with fixed-point kernels made to match PIL's (within 1 level on
-        99.5 % of pixels, and 3x faster than in float); CUDA has float kernels only, rounded here."""
-        crop = _channels(image[:, top:top + h, left:left + w].unsqueeze(0), self.in_chans)
-        size = (self.img_size, self.img_size)
-        if self.interpolation == "nearest":
-            return F.interpolate(crop, size=size, mode="nearest").float()
-        if crop.device.type == "cpu":
-            return F.interpolate(crop, size=size, mode=self.interpolation, antialias=True, align_corners=False).float()
-        out = F.interpolate(crop.float(), size=size, mode=self.interpolation, antialias=True, align_corners=False)
+    def _resized_crops(self, images: list[torch.Tensor] | torch.Tensor, shapes: np.ndarray,
+                       parts: dict) -> torch.Tensor:
+        """Every image's crop resized to img_size in one batched resample (resmlp.data.device.resample):
+        (N, in_chans, S, S) float whole values in [0, 255], rounded as PIL's uint8 output is."""
+        channels = 1 if self.in_chans == 1 and shapes[:, 0].max() == 1 else 3
+        if isinstance(images, torch.Tensor):
+            batch = images if channels == images.shape[1] else images.expand(-1, channels, -1, -1)
+        else:
+            batch = pad_batch(images, parts["shapes"], (channels, *(int(v) for v in shapes[:, 1:].max(0))))
+        if self.in_chans == 1 and channels == 3:
+            batch = ra.luminance(batch.float()).to(torch.uint8)
+        out = resized_crop(batch, parts["shapes"][:, 1:], parts["boxes"], (self.img_size,) * 2, self.interpolation)
         return torch.floor(out + 0.5).clamp(0, 255)
 
-    def _upload(self, plan: dict, device: torch.device) -> dict[str, object]:
-        """The batch's numbers in one float64 tensor, copied to the device once (page-locked, not waited for),
-        then cut into views: flips, each step's image indices and arguments."""
-        arrays = [plan["flip"].astype(np.float64)]
+    def _upload(self, plan: dict, shapes: np.ndarray, seeds: Sequence[int], device: torch.device) -> dict:
+        """The batch's numbers in one float64 tensor (whole numbers below 2**53 exactly), copied to the device
+        once (page-locked, not waited for), then cut into views: flips, shapes, crop boxes, each step's image
+        indices and arguments, the erased images, their boxes and noise keys."""
+        arrays = [plan["flip"].astype(np.float64), shapes.ravel(), plan["boxes"].ravel()]
         for step in plan["steps"]:
             arrays += [step.index.astype(np.float64), np.asarray(step.values, np.float64).ravel()]
-        packed = copy_to(torch.from_numpy(np.concatenate(arrays)), device)
+        erased = np.nonzero(plan["erase"][:, 2])[0] if plan["erase"] is not None else np.zeros(0, np.int64)
+        keys = np.floor(uniforms([seeds[i] for i in erased], 1, ERASE_NOISE_STREAM)[:, 0] * 2.0 ** 31)
+        arrays += [erased, plan["erase"][erased].ravel() if plan["erase"] is not None else np.zeros(0), keys]
+        packed = copy_to(torch.from_numpy(np.concatenate(arrays).astype(np.float64)), device)
         views, at = [], 0
         for array in arrays:
             views.append(packed[at:at + array.size])
             at += array.size
-        steps = [(views[1 + 2 * i].long(), views[2 + 2 * i].float()) for i in range(len(plan["steps"]))]
-        return {"flip": views[0], "steps": steps}
+        steps = [(views[3 + 2 * i].long(), views[4 + 2 * i].float()) for i in range(len(plan["steps"]))]
+        erase = (views[-3].long(), views[-2].view(-1, 4), views[-1].int())
+        return {"flip": views[0], "shapes": views[1].long().view(-1, 3), "boxes": views[2].view(-1, 4),
+                "steps": steps, "erase": erase}
 
-    def _erase(self, x: torch.Tensor, boxes: np.ndarray, seeds: Sequence[int]) -> None:
-        """timm's pixel-mode erasing, in place: each drawn box (host numbers) filled with N(0, 1) noise from a
-        generator on the images' device seeded by the image's seed; only erased images (a quarter, in the recipe)
-        cost a kernel, and only their box's pixels are drawn."""
-        for i in np.nonzero(boxes[:, 2])[0]:
-            top, left, h, w = (int(v) for v in boxes[i])
-            generator = torch.Generator(device=x.device).manual_seed(int(seeds[i]))
-            noise = torch.randn((x.shape[1], h, w), generator=generator, device=x.device, dtype=x.dtype)
-            x[i, :, top:top + h, left:left + w] = noise
+    def _erase(self, x: torch.Tensor, index: torch.Tensor, boxes: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """timm's pixel-mode erasing of the images `index`: each box filled with N(0, 1) noise that is a pure
+        function of the image's key and the pixel (keyed_normal), so an image gets the same noise in any
+        batch, worker, process or device; the boxes applied by masks, the whole batch in a fixed set of ops."""
+        size = self.img_size
+        if self.noise_counters is None or self.noise_counters.device != x.device:
+            self.noise_counters = _lowbias32(torch.arange(x.shape[1] * size * size, dtype=torch.int32,
+                                                          device=x.device)).view(1, x.shape[1], size, size)
+        pixels = torch.arange(size, device=x.device, dtype=boxes.dtype)
+        rows = (pixels >= boxes[:, 0:1]) & (pixels < boxes[:, 0:1] + boxes[:, 2:3])
+        cols = (pixels >= boxes[:, 1:2]) & (pixels < boxes[:, 1:2] + boxes[:, 3:4])
+        inside = (rows[:, :, None] & cols[:, None, :]).unsqueeze(1)
+        noise = keyed_normal(self.noise_counters, keys).to(x.dtype)
+        return x.index_copy(0, index, torch.where(inside, noise, x.index_select(0, index)))
+
+
+def keyed_normal(counters: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """(E, *counters.shape[1:]) standard normal floats, a pure function of (key, counter): a counter-based
+    generator in int32 torch ops (Wellons' lowbias32 hash of the hashed counter xor the key, its top 24 bits a
+    uniform in (0, 1), the normal by the inverse CDF). Its own, not torch.Generator: a generator's stream
+    depends on the device and on what it drew before; this gives each image the same noise anywhere."""
+    bits = _lowbias32(counters ^ keys.view(-1, *([1] * (counters.dim() - 1))))
+    uniform = (_shift_right(bits, 8).float() + 0.5) * 2.0 ** -24
+    return torch.special.ndtri(uniform)
+
+
+def _lowbias32(z: torch.Tensor) -> torch.Tensor:
+    """Chris Wellons' lowbias32 integer hash on int32 tensors (wrapping multiplies)."""
+    z = z ^ _shift_right(z, 16)
+    z = z * 0x7FEB352D
+    z = z ^ _shift_right(z, 15)
+    z = z * (0x846CA68B - 2 ** 32)  # the constant as a signed int32
+    return z ^ _shift_right(z, 16)
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """The logical right shift of int32 values (torch's >> is arithmetic on signed ints)."""
+    return (z >> bits) & ((1 << (32 - bits)) - 1)
 
 
 def _as_list(images: list[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
     """(C, H, W) uint8 tensors from a list, or from an in-memory batch (N, H, W) or (N, H, W, C)."""
     if isinstance(images, torch.Tensor):
-        batch = images.unsqueeze(1) if images.dim() == 3 else images.permute(0, 3, 1, 2)
-        return list(batch)
+        return list(_as_chw(images))
     return [image.unsqueeze(0) if image.dim() == 2 else image for image in images]
+
+
+def _as_chw(images: list[torch.Tensor] | torch.Tensor) -> list[torch.Tensor] | torch.Tensor:
+    """An in-memory batch (N, H, W) or (N, H, W, C) as one (N, C, H, W) view; a list as (C, H, W) images."""
+    if isinstance(images, torch.Tensor):
+        return images.unsqueeze(1) if images.dim() == 3 else images.permute(0, 3, 1, 2)
+    return [image.unsqueeze(0) if image.dim() == 2 else image for image in images]
+
+
+def _shapes(images: list[torch.Tensor] | torch.Tensor) -> np.ndarray:
+    """(N, 3) [c, h, w] of each image, from the tensors' metadata."""
+    if isinstance(images, torch.Tensor):
+        return np.tile(np.array(images.shape[1:], dtype=np.int64), (len(images), 1))
+    return np.array([image.shape for image in images], dtype=np.int64).reshape(-1, 3)
 
 
 def _channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:

@@ -11,8 +11,9 @@ twin of timm's, checked op by op against timm's PIL functions and in distributio
 Two halves:
 - `draw_rand_augment` draws each image's ops and arguments on the CPU from the image's own uniforms (its
   sampler key, resmlp.data.random_numbers), as timm's level functions do; a few numbers an image.
-- `apply_rand_augment` applies them to a float batch of whole uint8 values (N, C, S, S) on its device: the
-  images that drew an op are gathered, transformed together and put back. The colour ops reproduce PIL's
+- `plan_rand_augment` and `run_step` apply them to a float batch of whole uint8 values (N, C, S, S) on its
+  device as a fixed sequence of steps (every colour op, one warp for the geometric ops, per layer): the images
+  that drew an op are gathered, transformed together and put back. The colour ops reproduce PIL's
   integer arithmetic (LUTs, truncating blends, the 'L' conversion's fixed-point weights), so they agree with PIL
   to within one level; the geometric ops map every output pixel through PIL's affine matrix and sample with
   torch's grid_sample (bicubic a=-0.75 where PIL's affine bicubic uses a=-1, hence a PSNR bound, not equality),
@@ -152,33 +153,42 @@ def draw_rand_augment(spec: RandAugmentSpec, u: np.ndarray, n_resample: int = 1)
                            np.array(resamples, np.int64).reshape(shape))
 
 
+AFFINE = "Affine"  # the step that runs a layer's geometric ops (rotations, shears, translations) as one warp
+
+
 @dataclass
 class OpStep:
-    """One op on the images `index` of a batch, with their arguments (a colour op) or affine matrices."""
+    """One op on the images `index` of a batch (maybe none), with their arguments (a colour op) or affine
+    matrices (AFFINE: each image's own geometric op)."""
 
     name: str
-    mode: str  # grid_sample mode of a geometric op
+    mode: str  # grid_sample mode of the AFFINE step
     index: np.ndarray
     values: np.ndarray  # (n,) arguments, or (n, 2, 3) matrices
 
 
 def plan_rand_augment(spec: RandAugmentSpec, draw: RandAugmentDraw, size: tuple[int, int],
                       resample: tuple[str, ...]) -> list[OpStep]:
-    """The drawn ops as steps in timm's order (layer by layer), images that drew the same op grouped."""
+    """The drawn ops as a fixed sequence of steps, layer by layer: every colour op of the policy, then one
+    AFFINE step per interpolation, each over the images that drew it (none: a step on an empty batch). The
+    same steps whatever the batch drew, so the ops a batch dispatches do not grow with its size; within a
+    layer an image takes one op, so grouping the geometric ops into one warp changes nothing."""
     steps = []
+    geometric_ops = [i for i, name in enumerate(spec.ops) if name in GEOMETRIC]
     for layer in range(len(draw.op)):
         for index, name in enumerate(spec.ops):
-            chosen = draw.op[layer] == index
-            if not chosen.any():
-                continue
             if name not in GEOMETRIC:
-                steps.append(OpStep(name, "", np.nonzero(chosen)[0], draw.arg[layer, chosen]))
-                continue
-            for r, mode in enumerate(resample):
-                group = chosen & (draw.resample[layer] == r)
-                if group.any():
-                    steps.append(OpStep(name, RESAMPLE[mode], np.nonzero(group)[0],
-                                        affine_matrix(name, draw.arg[layer, group], size)))
+                chosen = np.nonzero(draw.op[layer] == index)[0]
+                steps.append(OpStep(name, "", chosen, draw.arg[layer, chosen]))
+        geometric = np.isin(draw.op[layer], geometric_ops)
+        for r, mode in enumerate(resample):
+            chosen = np.nonzero(geometric & (draw.resample[layer] == r))[0]
+            matrices = np.zeros((len(chosen), 2, 3))
+            for index in geometric_ops:
+                mine = draw.op[layer, chosen] == index
+                if mine.any():
+                    matrices[mine] = affine_matrix(spec.ops[index], draw.arg[layer, chosen[mine]], size)
+            steps.append(OpStep(AFFINE, RESAMPLE[mode], chosen, matrices))
     return steps
 
 
@@ -186,7 +196,7 @@ def run_step(x: torch.Tensor, step: OpStep, index: torch.Tensor, values: torch.T
              fill: torch.Tensor) -> None:
     """Apply `step` in place to the images `index` (on x's device) of the whole-valued batch x."""
     chosen = x.index_select(0, index)
-    if step.name in GEOMETRIC:
+    if step.name == AFFINE:
         out = warp(chosen, values.view(-1, 2, 3), fill, step.mode)
     else:
         out = COLOUR_OPS[step.name](chosen, values)
@@ -218,15 +228,15 @@ def _lut(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 def _histogram(x: torch.Tensor) -> torch.Tensor:
     """(N, C, 256) pixel counts per image and channel."""
     n, c = x.shape[:2]
-    flat = x.reshape(n, c, -1).long().clamp(0, 255)
+    flat = x.flatten(2).long().clamp(0, 255)
     return torch.zeros(n, c, 256, dtype=torch.int64, device=x.device).scatter_add_(2, flat, torch.ones_like(flat))
 
 
 def auto_contrast(x: torch.Tensor, _arg: torch.Tensor) -> torch.Tensor:
     """ImageOps.autocontrast (cutoff 0), per channel: lo..hi stretched to 0..255 by PIL's LUT in doubles."""
     n, c = x.shape[:2]
-    lo = x.reshape(n, c, -1).amin(2).double()
-    hi = x.reshape(n, c, -1).amax(2).double()
+    lo = x.flatten(2).amin(2).double()
+    hi = x.flatten(2).amax(2).double()
     scale = 255.0 / (hi - lo).clamp(min=1)
     offset = -lo * scale
     levels = torch.arange(256, dtype=torch.float64, device=x.device)

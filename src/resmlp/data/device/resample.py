@@ -3,11 +3,12 @@
 PIL's antialiased resize (what timm's and torchvision's crop-then-resize run on PIL images) is separable: each
 output row is a weighted sum of input rows, each output column of input columns, the weights PIL's filter
 (bilinear: triangle, support 1; bicubic: Keys a=-0.5, support 2) stretched by the scale factor when shrinking
-(antialiasing) and normalised to sum 1, the taps cut at the crop's edges. So a crop + resize is two matrices per
-image, the crop's offset folded into them: out = Wy @ image @ Wx^T. With the images padded to one (H, W) and
-the matrices built for the whole batch at once (zero past each image's valid region), a batch of any sizes and
-boxes is two batched matmuls: the number of ops does not depend on the batch size (resmlp.data.device.augment
-uses it on the GPU, where each op is a kernel launch).
+(antialiasing) and normalised to sum 1, the taps cut at the crop's edges (nearest: the pixel under each output
+pixel's centre). So a crop + resize is two matrices per image, the crop's offset folded into them:
+out = Wy @ image @ Wx^T. With the images padded to one (H, W) (`pad_batch`) and the matrices built for the whole
+batch at once (zero past each image's valid region), a batch of any sizes and boxes is two batched matmuls: the
+number of ops does not depend on the batch size (resmlp.data.device.augment uses it on the GPU, where each op is
+a kernel launch).
 
 Why our own and not F.interpolate: interpolate resizes one shape per call (one call per image), and
 torchvision's resized_crop likewise; neither takes per-image boxes. Tested against PIL's crop + resize
@@ -21,9 +22,11 @@ rounds. Memory: the float image, the two weight matrices (N, oh, H) and (N, ow, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}  # PIL's filter supports (Imaging/Resample.c)
+SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "nearest": 0.5}  # PIL's filter supports (Imaging/Resample.c)
 BICUBIC_A = -0.5  # PIL's bicubic_filter constant (torch's antialiased kernels use the same)
 
 
@@ -66,6 +69,9 @@ def resample_weights(start: torch.Tensor, length: torch.Tensor, valid: torch.Ten
     pixels = torch.arange(padded, device=start.device, dtype=torch.float32)
     distance = (pixels - (centre - 0.5).float()[..., None]) / filter_scale.float()[:, None, None]
     taps = (pixels >= first.float()[..., None]) & (pixels < end.float()[..., None])
+    if interpolation == "nearest":  # PIL's NEAREST with a box: the pixel under each output pixel's centre
+        taps &= pixels == torch.floor(centre).float()[..., None]
+        return taps.float()
     weights = torch.where(taps, _kernel(distance, interpolation), 0.0)
     total = weights.sum(-1, keepdim=True)
     return weights / torch.where(total == 0, 1.0, total)
@@ -80,3 +86,23 @@ def _kernel(x: torch.Tensor, interpolation: str) -> torch.Tensor:
     near = ((a + 2) * x - (a + 3)) * x * x + 1
     far = (((x - 5) * x + 8) * x - 4) * a
     return torch.where(x < 1, near, torch.where(x < 2, far, 0.0))
+
+
+def pad_batch(images: Sequence[torch.Tensor], shapes: torch.Tensor, out_shape: tuple[int, int, int]) -> torch.Tensor:
+    """Images (C_i, H_i, W_i) of one dtype and device -> one (N, C, H, W) batch, each image at its top left, in
+    a fixed number of ops: the images concatenated flat (one _chunk_cat), then every padded row gathered from
+    the flat buffer seen as overlapping rows of W (one index_select). `shapes` (N, 3) int64 [c, h, w] on the
+    images' device: the row offsets are computed there, so the host reads nothing. A grey image fills every
+    channel (its one channel repeated, as PIL's convert('RGB')); past each image's h and w the batch holds
+    other pixels, not zeros: resized_crop gives them no weight."""
+    c_out, h_out, w_out = out_shape
+    flat = torch._chunk_cat(list(images), 0, 1)[0]  # one op for any number of images (torch >= 2.4)
+    flat = torch.cat([flat, flat.new_zeros(w_out)])  # the last row's window stays inside the buffer
+    rows_of_width = flat.unfold(0, w_out, 1)  # row r: flat[r:r + W], a view, no copy
+    numel = shapes.prod(1)
+    start = numel.cumsum(0) - numel
+    c, h, w = shapes[:, 0:1, None], shapes[:, 1:2, None], shapes[:, 2:3, None]
+    channel = torch.minimum(torch.arange(c_out, device=shapes.device).view(1, -1, 1), c - 1)
+    row = torch.minimum(torch.arange(h_out, device=shapes.device).view(1, 1, -1), h - 1)
+    offsets = start.view(-1, 1, 1) + (channel * h + row) * w
+    return rows_of_width.index_select(0, offsets.flatten()).view(len(shapes), c_out, h_out, w_out)
