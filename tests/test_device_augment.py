@@ -69,7 +69,7 @@ def colour_gap(name: str, arg: float, img: np.ndarray) -> int:
 
 def geometric(name: str, arg: float, mode: str, img: np.ndarray) -> tuple[int, float]:
     """(largest per-pixel difference, PSNR) of our geometric op against timm's."""
-    matrix = torch.from_numpy(ra.affine_matrix(name, np.array([arg]), img.shape[:2]))
+    matrix = torch.from_numpy(ra.grid_theta(ra.affine_matrix(name, np.array([arg]), img.shape[:2]), img.shape[:2]))
     ours = ra.warp(as_batch(img), matrix, torch.tensor(FILL), mode)[0].permute(1, 2, 0).numpy()
     theirs = timm_op(name, img, arg, resample=PIL_RESAMPLE[mode])
     return int(np.abs(ours.astype(int) - theirs).max()), psnr(ours, theirs)

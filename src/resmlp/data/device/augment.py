@@ -167,23 +167,25 @@ class DeviceAugment:
 
     def _upload(self, plan: dict, shapes: np.ndarray, seeds: Sequence[int], device: torch.device) -> dict:
         """The batch's numbers in one float64 tensor (whole numbers below 2**53 exactly), copied to the device
-        once (page-locked, not waited for), then cut into views: flips, shapes, crop boxes, each step's image
-        indices and arguments, the erased images, their boxes and noise keys."""
-        arrays = [plan["flip"].astype(np.float64), shapes.ravel(), plan["boxes"].ravel()]
-        for step in plan["steps"]:
-            arrays += [step.index.astype(np.float64), np.asarray(step.values, np.float64).ravel()]
-        erased = np.nonzero(plan["erase"][:, 2])[0] if plan["erase"] is not None else np.zeros(0, np.int64)
+        once (page-locked, not waited for), then cut into views with one split each: flips, shapes, crop boxes,
+        every step's image indices and arguments, the erased images, their boxes and noise keys."""
+        steps = plan["steps"]
+        indices = [step.index.astype(np.float64) for step in steps]
+        values = [np.asarray(step.values, np.float64).ravel() for step in steps]
+        erase = plan["erase"] if plan["erase"] is not None else np.zeros((0, 4), np.int64)
+        erased = np.nonzero(erase[:, 2])[0]
         keys = np.floor(uniforms([seeds[i] for i in erased], 1, ERASE_NOISE_STREAM)[:, 0] * 2.0 ** 31)
-        arrays += [erased, plan["erase"][erased].ravel() if plan["erase"] is not None else np.zeros(0), keys]
+        arrays = [plan["flip"].astype(np.float64), shapes.ravel(), plan["boxes"].ravel(), *indices, *values,
+                  erased, erase[erased].ravel(), keys]
         packed = copy_to(torch.from_numpy(np.concatenate(arrays).astype(np.float64)), device)
-        views, at = [], 0
-        for array in arrays:
-            views.append(packed[at:at + array.size])
-            at += array.size
-        steps = [(views[3 + 2 * i].long(), views[4 + 2 * i].float()) for i in range(len(plan["steps"]))]
-        erase = (views[-3].long(), views[-2].view(-1, 4), views[-1].int())
-        return {"flip": views[0], "shapes": views[1].long().view(-1, 3), "boxes": views[2].view(-1, 4),
-                "steps": steps, "erase": erase}
+        flip, shape, box, index, value, erased_at, erased_box, key = torch.split(packed, [
+            len(plan["flip"]), shapes.size, plan["boxes"].size, sum(map(len, indices)), sum(map(len, values)),
+            len(erased), 4 * len(erased), len(keys)])
+        index_of = torch.split(index.long(), [len(i) for i in indices])
+        values_of = torch.split(value.float(), [len(v) for v in values])
+        return {"flip": flip, "shapes": shape.long().view(-1, 3), "boxes": box.view(-1, 4),
+                "steps": list(zip(index_of, values_of, strict=True)),
+                "erase": (erased_at.long(), erased_box.view(-1, 4), key.int())}
 
     def _erase(self, x: torch.Tensor, index: torch.Tensor, boxes: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """timm's pixel-mode erasing of the images `index`: each box filled with N(0, 1) noise that is a pure

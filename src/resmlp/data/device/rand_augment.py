@@ -187,7 +187,8 @@ def plan_rand_augment(spec: RandAugmentSpec, draw: RandAugmentDraw, size: tuple[
             for index in geometric_ops:
                 mine = draw.op[layer, chosen] == index
                 if mine.any():
-                    matrices[mine] = affine_matrix(spec.ops[index], draw.arg[layer, chosen[mine]], size)
+                    matrices[mine] = grid_theta(affine_matrix(spec.ops[index], draw.arg[layer, chosen[mine]], size),
+                                                size)
             steps.append(OpStep(AFFINE, RESAMPLE[mode], chosen, matrices))
     return steps
 
@@ -335,22 +336,31 @@ def affine_matrix(name: str, arg: np.ndarray, size: tuple[int, int]) -> np.ndarr
     return m
 
 
-def warp(x: torch.Tensor, matrix: torch.Tensor, fill: torch.Tensor, mode: str) -> torch.Tensor:
-    """PIL's Image.transform(AFFINE) of whole-valued images: each output pixel centre mapped by `matrix`
-    (N, 2, 3), sampled with grid_sample (edge pixels clamped, as PIL's filters do), pixels whose source lies
-    outside the image set to `fill` (C,), truncated to whole values as PIL's filters do."""
+def grid_theta(matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """PIL's affine matrices (N, 2, 3), pixel-edge coordinates, as F.affine_grid's theta: the same map in
+    grid_sample's normalised coordinates (u = x / (w / 2) - 1), computed on the host in doubles."""
+    h, w = size
+    to_grid = np.array([[2 / w, 0, -1], [0, 2 / h, -1], [0, 0, 1]])
+    from_grid = np.array([[w / 2, 0, w / 2], [0, h / 2, h / 2], [0, 0, 1]])
+    square = np.concatenate([matrix, np.broadcast_to(np.array([[[0.0, 0.0, 1.0]]]), (len(matrix), 1, 3))], 1)
+    return (to_grid @ square @ from_grid)[:, :2]
+
+
+def warp(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor, mode: str) -> torch.Tensor:
+    """PIL's Image.transform(AFFINE) of whole-valued images: each output pixel centre mapped by `theta`
+    (N, 2, 3; grid_theta of PIL's matrix) with affine_grid, sampled with grid_sample (edge pixels clamped, as
+    PIL's filters do), pixels whose source lies outside the image set to `fill` (C,), truncated to whole values
+    as PIL's filters do. A dozen ops for any batch."""
     n, c, h, w = x.shape
-    ys, xs = torch.meshgrid(torch.arange(h, device=x.device, dtype=x.dtype) + 0.5,
-                            torch.arange(w, device=x.device, dtype=x.dtype) + 0.5, indexing="ij")
-    points = torch.stack([xs, ys, torch.ones_like(xs)], -1).view(1, h * w, 3)
-    source = points @ matrix.to(x.dtype).transpose(1, 2)  # (N, H*W, 2) in pixel-edge coordinates
-    inside = ((source[..., 0] >= 0) & (source[..., 0] < w) & (source[..., 1] >= 0) & (source[..., 1] < h))
-    grid = torch.stack([source[..., 0] / (w / 2) - 1, source[..., 1] / (h / 2) - 1], -1)
-    sampled = F.grid_sample(x, grid.view(n, h, w, 2), mode=mode, padding_mode="border", align_corners=False)
+    if n == 0:  # affine_grid refuses an empty batch (a shape, known on the host: no device read)
+        return x
+    grid = F.affine_grid(theta.to(x.dtype), [n, c, h, w], align_corners=False)
+    inside = ((grid >= -1) & (grid < 1)).all(-1).unsqueeze(1)
+    sampled = F.grid_sample(x, grid, mode=mode, padding_mode="border", align_corners=False)
     # PIL truncates its double result; the float32 round trip through grid coordinates lands whole values a
     # hair below themselves, hence the small lift before truncating
     sampled = torch.floor(sampled + TRUNCATION_SLACK).clamp(0, 255)
-    return torch.where(inside.view(n, 1, h, w), sampled, fill.to(x.dtype).view(1, c, 1, 1))
+    return torch.where(inside, sampled, fill.to(x.dtype).view(1, c, 1, 1))
 
 
 def fill_colour(mean: tuple[float, ...]) -> tuple[int, ...]:
