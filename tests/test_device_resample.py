@@ -89,3 +89,26 @@ def test_padding_does_not_leak_into_the_crop():
     for chosen in (boxes, full):
         assert torch.equal(resized_crop(batch, torch.tensor(sizes), torch.tensor(chosen), OUT),
                            resized_crop(noisy, torch.tensor(sizes), torch.tensor(chosen), OUT))
+
+
+def test_images_of_unlike_sizes_are_padded_in_groups_within_the_bound():
+    sizes = np.array([[8000, 100], [100, 8000], [90, 7000], [500, 375], [480, 500]])
+    order, groups = resample.size_groups(sizes, max_pixels=3 * 500 * 500)
+    assert sorted(order.tolist()) == list(range(5)) and groups[0][0] == 0 and groups[-1][1] == 5
+    for start, stop in groups:
+        members = sizes[order[start:stop]]
+        assert stop - start == 1 or (stop - start) * members[:, 0].max() * members[:, 1].max() <= 3 * 500 * 500
+    # the tall one alone, the two photos together, the wide ones apart (two of them would pass the bound); one
+    # padded batch would hold 5 x 8000 x 8000 pixels
+    assert len(groups) == 4
+
+
+def test_the_deit_crops_are_the_same_in_one_group_or_many(monkeypatch):
+    from resmlp.data.device.augment import DeviceAugment
+
+    images, _, _ = mixed_batch(6)
+    tensors = [torch.from_numpy(image).permute(2, 0, 1) for image in images]
+    augment = DeviceAugment(24, 3, (0.5,) * 3, (0.5,) * 3, auto_augment="rand-m9-mstd0.5-inc1", reprob=0.5)
+    whole = augment(tensors, list(range(6)))
+    monkeypatch.setattr(resample, "GROUP_PIXELS", 1)  # every image its own group
+    assert torch.allclose(augment(tensors, list(range(6))), whole, atol=1e-5)

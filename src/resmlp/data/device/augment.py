@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from resmlp.data.device import rand_augment as ra
-from resmlp.data.device.resample import pad_batch, resized_crop
+from resmlp.data.device.resample import pad_batch, resized_crop, size_groups
 from resmlp.runtime import copy_to
 
 ATTEMPTS = 10  # timm's RandomResizedCrop and RandomErasing both try 10 boxes
@@ -153,37 +153,48 @@ class DeviceAugment:
 
     def _resized_crops(self, images: list[torch.Tensor] | torch.Tensor, shapes: np.ndarray,
                        parts: dict) -> torch.Tensor:
-        """Every image's crop resized to img_size in one batched resample (resmlp.data.device.resample):
-        (N, in_chans, S, S) float whole values in [0, 255], rounded as PIL's uint8 output is."""
+        """Every image's crop resized to img_size, a batched resample per group of like sizes (one group for
+        images of one size, as a rule for ImageNet's; resmlp.data.device.resample): (N, in_chans, S, S) float
+        whole values in [0, 255], rounded as PIL's uint8 output is, in the batch's order."""
         channels = 1 if self.in_chans == 1 and shapes[:, 0].max() == 1 else 3
-        if isinstance(images, torch.Tensor):
-            batch = images if channels == images.shape[1] else images.expand(-1, channels, -1, -1)
-        else:
-            batch = pad_batch(images, parts["shapes"], (channels, *(int(v) for v in shapes[:, 1:].max(0))))
-        if self.in_chans == 1 and channels == 3:
-            batch = ra.luminance(batch.float()).to(torch.uint8)
-        out = resized_crop(batch, parts["shapes"][:, 1:], parts["boxes"], (self.img_size,) * 2, self.interpolation)
-        return torch.floor(out + 0.5).clamp(0, 255)
+        out = []
+        for (start, stop), group_shapes, boxes in zip(parts["groups"], parts["shapes"], parts["boxes"],
+                                                      strict=True):
+            if isinstance(images, torch.Tensor):
+                batch = images if channels == images.shape[1] else images.expand(-1, channels, -1, -1)
+            else:
+                members = [images[i] for i in parts["order"][start:stop]]
+                tallest, widest = (int(v) for v in shapes[parts["order"][start:stop], 1:].max(0))
+                batch = pad_batch(members, group_shapes, (channels, tallest, widest))
+            if self.in_chans == 1 and channels == 3:
+                batch = ra.luminance(batch.float()).to(torch.uint8)
+            out.append(resized_crop(batch, group_shapes[:, 1:], boxes, (self.img_size,) * 2, self.interpolation))
+        crops = torch.cat(out).index_select(0, parts["unsort"])
+        return torch.floor(crops + 0.5).clamp(0, 255)
 
     def _upload(self, plan: dict, shapes: np.ndarray, seeds: Sequence[int], device: torch.device) -> dict:
         """The batch's numbers in one float64 tensor (whole numbers below 2**53 exactly), copied to the device
-        once (page-locked, not waited for), then cut into views with one split each: flips, shapes, crop boxes,
-        every step's image indices and arguments, the erased images, their boxes and noise keys."""
+        once (page-locked, not waited for), then cut into views with one split each: flips, shapes and crop
+        boxes in size-group order (resample.size_groups) and the order back, every step's image indices and
+        arguments, the erased images, their boxes and noise keys."""
         steps = plan["steps"]
         indices = [step.index.astype(np.float64) for step in steps]
         values = [np.asarray(step.values, np.float64).ravel() for step in steps]
         erase = plan["erase"] if plan["erase"] is not None else np.zeros((0, 4), np.int64)
         erased = np.nonzero(erase[:, 2])[0]
         keys = np.floor(uniforms([seeds[i] for i in erased], 1, ERASE_NOISE_STREAM)[:, 0] * 2.0 ** 31)
-        arrays = [plan["flip"].astype(np.float64), shapes.ravel(), plan["boxes"].ravel(), *indices, *values,
-                  erased, erase[erased].ravel(), keys]
+        order, groups = size_groups(shapes[:, 1:])  # one group for a tensor batch: its images are of one size
+        arrays = [plan["flip"].astype(np.float64), shapes[order].ravel(), plan["boxes"][order].ravel(),
+                  np.argsort(order), *indices, *values, erased, erase[erased].ravel(), keys]
         packed = copy_to(torch.from_numpy(np.concatenate(arrays).astype(np.float64)), device)
-        flip, shape, box, index, value, erased_at, erased_box, key = torch.split(packed, [
-            len(plan["flip"]), shapes.size, plan["boxes"].size, sum(map(len, indices)), sum(map(len, values)),
-            len(erased), 4 * len(erased), len(keys)])
+        flip, shape, box, unsort, index, value, erased_at, erased_box, key = torch.split(packed, [
+            len(plan["flip"]), shapes.size, plan["boxes"].size, len(order), sum(map(len, indices)),
+            sum(map(len, values)), len(erased), 4 * len(erased), len(keys)])
+        counts = [stop - start for start, stop in groups]
         index_of = torch.split(index.long(), [len(i) for i in indices])
         values_of = torch.split(value.float(), [len(v) for v in values])
-        return {"flip": flip, "shapes": shape.long().view(-1, 3), "boxes": box.view(-1, 4),
+        return {"flip": flip, "order": order, "groups": groups, "unsort": unsort.long(),
+                "shapes": torch.split(shape.long().view(-1, 3), counts), "boxes": torch.split(box.view(-1, 4), counts),
                 "steps": list(zip(index_of, values_of, strict=True)),
                 "erase": (erased_at.long(), erased_box.view(-1, 4), key.int())}
 

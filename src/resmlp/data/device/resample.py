@@ -24,8 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
+# the most pixels one padded group of images may hold: 256 images of 512 x 512 (ImageNet's are at most ~500 a side,
+# so one group as a rule); 0.8 GB as float32 RGB, the size resized_crop works on (docs/training.md)
+GROUP_PIXELS = 256 * 512 * 512
 SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "nearest": 0.5}  # PIL's filter supports (Imaging/Resample.c)
 BICUBIC_A = -0.5  # PIL's bicubic_filter constant (torch's antialiased kernels use the same)
 
@@ -110,3 +114,20 @@ def pad_batch(images: Sequence[torch.Tensor], shapes: torch.Tensor, out_shape: t
     row = torch.minimum(torch.arange(h_out, device=shapes.device).view(1, 1, -1), h - 1)
     offsets = start.view(-1, 1, 1) + (channel * h + row) * w
     return rows_of_width.index_select(0, offsets.flatten()).view(len(shapes), c_out, h_out, w_out)
+
+
+def size_groups(sizes: np.ndarray, max_pixels: int | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Host numbers: (an order of the images, [start, stop) ranges of it) such that each range padded to its
+    tallest and widest image holds at most `max_pixels` pixels (GROUP_PIXELS) or is one image: the images
+    sorted by height and cut greedily. Padding an 8000-pixel-tall image and a 10000-pixel-wide one to one
+    shape would ask for far more than both; a batch of like sizes is one group, one pad and one resample."""
+    max_pixels = max_pixels or GROUP_PIXELS
+    order = np.argsort(-sizes[:, 0], kind="stable")
+    groups, start, widest = [], 0, 0
+    for at, index in enumerate(order):
+        widest = max(widest, int(sizes[index, 1]))
+        if at > start and (at + 1 - start) * int(sizes[order[start], 0]) * widest > max_pixels:
+            groups.append((start, at))
+            start, widest = at, int(sizes[index, 1])
+    groups.append((start, len(order)))
+    return order, groups
