@@ -41,7 +41,7 @@ from torchvision.transforms.v2.functional._color import _rgb_to_hsv
 
 from resmlp.data.device import augment as da
 from resmlp.data.device import rand_augment as ra
-from resmlp.data.device.resample import resample_weights
+from resmlp.data.device.resample import pad_batch, resample_weights
 from resmlp.errors import ConfigError
 from resmlp.runtime import copy_to
 
@@ -117,21 +117,17 @@ class MultiCropAugment:
         return np.concatenate([factors, np.argsort(u[:, 5:9], axis=1)], axis=1)
 
     def __call__(self, images: list[torch.Tensor] | torch.Tensor, seeds: Sequence[int]) -> list[torch.Tensor]:
-        return self.augment_padded(*_padded(images), seeds)
-
-    def augment_padded(self, batch: torch.Tensor, sizes: np.ndarray, seeds: Sequence[int]) -> list[torch.Tensor]:
-        """The views of a padded (N, C, H, W) uint8 batch whose image i fills its top left sizes[i] = (h, w):
-        a fixed sequence of batch ops, whatever N."""
-        if len(batch) != len(seeds):
-            raise ValueError(f"{len(batch)} images but {len(seeds)} seeds")
-        batch = _channels(batch, self.in_chans)
-        device, n = batch.device, len(seeds)
-        plan = self.draw(seeds, sizes)
+        images, shapes = _as_images(images)
+        if len(shapes) != len(seeds):
+            raise ValueError(f"{len(shapes)} images but {len(seeds)} seeds")
+        device, n = images[0].device, len(seeds)
+        plan = self.draw(seeds, shapes[:, 1:])
         if self.stats.device != device:  # once: the statistics then live where the images are
             self.stats = copy_to(self.stats, device)
         groups = self._groups()
         steps = [jitter_plan(plan["rows"][first:last].reshape(-1, ROW), self.in_chans) for _, first, last in groups]
-        rows, boxes, sizes_there, jitter = self._upload(plan, sizes, steps, device)
+        rows, boxes, shapes_there, jitter = self._upload(plan, shapes, steps, device)
+        batch, sizes_there = _channels(_batch(images, shapes, shapes_there), self.in_chans), shapes_there[:, 1:]
         out = []
         for (size, first, last), group_steps in zip(groups, jitter, strict=True):
             x = (resized_views_cpu(batch, plan["boxes"][first:last], size)
@@ -145,14 +141,14 @@ class MultiCropAugment:
         return out
 
     @staticmethod
-    def _upload(plan: dict[str, np.ndarray], sizes: np.ndarray, steps: list[list[JitterStep]],
+    def _upload(plan: dict[str, np.ndarray], shapes: np.ndarray, steps: list[list[JitterStep]],
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[JitterStep]]]:
         """The batch's numbers in one float64 tensor, copied to the device once (page-locked, not waited for),
-        then cut into views: rows (V, N, ROW) float32, boxes (V, N, 4), image sizes (N, 2) and each group's
+        then cut into views: rows (V, N, ROW) float32, boxes (V, N, 4), image shapes (N, 3) and each group's
         jitter steps (their image indices as int64, in one cast)."""
         indices = [step.index for group in steps for step in group]
         factors = [step.factor for group in steps for step in group]
-        arrays = [plan["rows"], plan["boxes"], sizes, *factors]
+        arrays = [plan["rows"], plan["boxes"], shapes, *factors]
         packed = copy_to(torch.from_numpy(np.concatenate(
             [a.ravel().astype(np.float64) for a in arrays + indices] + [np.zeros(0)])), device)
         floats = _cut(packed, [a.size for a in arrays])
@@ -161,7 +157,7 @@ class MultiCropAugment:
         jitter = [[JitterStep(step.op, next(indices_there), next(factors_there).float()) for step in group]
                   for group in steps]
         return (floats[0].view(plan["rows"].shape).float(), floats[1].view(plan["boxes"].shape),
-                floats[2].view(sizes.shape), jitter)
+                floats[2].view(shapes.shape), jitter)
 
     def _groups(self) -> list[tuple[int, int, int]]:
         """(size, first view, end view) of each run of views augmented at one size: global, then local."""
@@ -210,14 +206,18 @@ def resized_views(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor
     weights in resized_crop's two passes (PIL's bicubic, horizontal first, rounded between the passes as PIL
     does), the views' column weights side by side so that one matmul reads each image once."""
     views, n = boxes.shape[:2]
-    flat, valid = boxes.reshape(-1, 4), sizes.repeat(views, 1)
-    rows = resample_weights(flat[:, 0], flat[:, 2], valid[:, 0], size, images.shape[-2], "bicubic", True)
-    cols = resample_weights(flat[:, 1], flat[:, 3], valid[:, 1], size, images.shape[-1], "bicubic", True)
     _, c, h, w = images.shape
-    side_by_side = cols.view(views, n, size, w).permute(1, 3, 0, 2).reshape(n, w, views * size)
-    wide = torch.bmm(images.float().view(n, c * h, w), side_by_side)  # (N, C * H, V * size)
+    flat, valid = boxes.reshape(-1, 4), sizes.repeat(views, 1)
+    # both axes' weights in one call, as resized_crop does: rows of the first V * N, columns of the rest
+    both = resample_weights(torch.cat([flat[:, 0], flat[:, 1]]), torch.cat([flat[:, 2], flat[:, 3]]),
+                            torch.cat([valid[:, 0], valid[:, 1]]),
+                            torch.full((2 * len(flat),), float(size), dtype=torch.float64, device=flat.device),
+                            size, max(h, w), "bicubic", True)
+    rows, cols = both[:len(flat), :, :h], both[len(flat):, :, :w]
+    side_by_side = cols.reshape(views, n, size, w).permute(1, 3, 0, 2).reshape(n, w, views * size)
+    wide = torch.bmm(images.float().reshape(n, c * h, w), side_by_side)  # (N, C * H, V * size)
     wide = torch.floor(wide.clamp_(0, 255) + 0.5).view(n, c, h, views, size).permute(3, 0, 1, 2, 4)
-    out = torch.matmul(rows.view(views, n, 1, size, h), wide).flatten(0, 1)
+    out = torch.matmul(rows.reshape(views, n, 1, size, h), wide).flatten(0, 1)
     return torch.floor(out.clamp_(0, 255) + 0.5)
 
 
@@ -312,21 +312,25 @@ def _cut(packed: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     return out
 
 
-def _padded(images: list[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
-    """(N, C, H, W) uint8, zero-padded at the bottom and right to the largest image, and the (N, 2) image sizes
-    (host metadata). A batch tensor (N, H, W[, C]) or a list of one size is stacked in one op; a list of mixed
-    sizes costs a copy per image."""
+def _as_images(images: list[torch.Tensor] | torch.Tensor) -> tuple[list[torch.Tensor] | torch.Tensor, np.ndarray]:
+    """Decoded images as (C, H, W) tensors, or an in-memory (N, H, W[, C]) batch as (N, C, H, W), and their
+    (N, 3) shapes [c, h, w] (host metadata: no read of the pixels)."""
     if isinstance(images, torch.Tensor):
         batch = images.unsqueeze(1) if images.dim() == 3 else images.permute(0, 3, 1, 2)
-        return batch, np.tile(np.array(batch.shape[-2:], dtype=np.int64), (len(batch), 1))
+        return batch, np.tile(np.array(batch.shape[1:], dtype=np.int64), (len(batch), 1))
     images = [image.unsqueeze(0) if image.dim() == 2 else image for image in images]
-    sizes = np.array([image.shape[-2:] for image in images], dtype=np.int64)
-    if (sizes == sizes[0]).all():
-        return torch.stack(images), sizes
-    batch = images[0].new_zeros((len(images), images[0].shape[0], *sizes.max(0)))
-    for out, image in zip(batch, images, strict=True):
-        out[:, :image.shape[1], :image.shape[2]] = image
-    return batch, sizes
+    return images, np.array([image.shape for image in images], dtype=np.int64)
+
+
+def _batch(images: list[torch.Tensor] | torch.Tensor, shapes: np.ndarray, shapes_there: torch.Tensor) -> torch.Tensor:
+    """(N, C, H, W) uint8, each image at its top left: a batch as it is, a list of one shape stacked, a list of
+    several padded to the largest by resample.pad_batch (a fixed number of ops, the offsets computed on the
+    device from the uploaded shapes)."""
+    if isinstance(images, torch.Tensor):
+        return images
+    if (shapes == shapes[0]).all():
+        return torch.stack(images)
+    return pad_batch(images, shapes_there.long(), tuple(int(v) for v in shapes.max(0)))
 
 
 def _channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
