@@ -9,7 +9,8 @@ Per batch of the device path: the aten ops dispatched (counted by a TorchDispatc
 one kernel launch, views none), the host's time to issue them (no synchronisation: what the training process
 spends per batch), and images/s with the device synchronised at the end. The PIL path: the same images as PIL
 images in `--workers` loader workers, the views collated, images/s after the first batch (worker start-up out).
-Decoding is out of both (decoded images in memory). With --raw-json (benchmarks/train_throughput.py's json of
+Decoding is out of both (decoded images in memory). On a CPU torch gets as many threads as the PIL path has
+workers, so the two are compared on the same cores. With --raw-json (benchmarks/train_throughput.py's json of
 the raw compiled step, e.g. gpu_report.py's trainer-vs-raw), the views/s each path makes are set against the
 images/s the step takes: every view is a 224 px image to the step (local views are resized to the global size).
 Defaults are dino-imagenet's: 224 px global views, 8 local views at 96 px.
@@ -138,6 +139,8 @@ def main() -> None:
         args.batch, args.batches, args.rounds, args.workers = 4, 2, 2, 1
         args.img_size, args.local_size, args.num_local, args.sizes = 32, 16, 2, (40, 60)
     device = torch.device(args.device)
+    if device.type == "cpu":  # the same cores for both: torch's threads = the PIL path's workers
+        torch.set_num_threads(max(args.workers, 1))
     images = photos(args.batch * args.batches, *args.sizes)
     ours, pil = device_path(images, args, device), pil_path(images, args)
     raw = raw_step_img_s(args.raw_json)

@@ -17,18 +17,22 @@ Stated bounds:
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from scipy import stats
-from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF1
 from torchvision.transforms.v2 import functional as TF
 
 from resmlp.data.device import multi_crop as mc
 from resmlp.train.dino import MultiCropTransform
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import device_op_counts as op_counts  # noqa: E402
 
 DRAWS = 10_000
 P_MIN = 1e-4
@@ -221,29 +225,10 @@ def test_too_small_a_view_is_refused_with_the_fix():
 
 
 # ----------------------------------------------------------------------------------------- op counts
-class OpCount(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
-def count_ops(aug: mc.MultiCropAugment, images: list[torch.Tensor]) -> int:
-    seeds = list(range(len(images)))
-    aug(images, seeds)  # once before: the statistics moved where the images are
-    with OpCount() as counter:
-        aug(images, seeds)
-    return counter.count
-
-
-def dino_ops(device: str = "cpu", batches: tuple[int, ...] = (16, 64)) -> tuple[int, ...]:
-    """The aten ops of DINO's 12 views (2 global + 10 local) of a list of mixed-size images at two batch
-    sizes, padded and resized by batch ops (per_crop_on_cpu off: the GPU's sequence, counted on CPU tensors)."""
-    aug = mc.MultiCropAugment(16, 3, MEAN, STD, num_local=10, local_size=8, per_crop_on_cpu=False)
-    return tuple(count_ops(aug, [image.to(device) for image in images(n)]) for n in batches)
+def dino_ops(device: str = "cpu", batches: tuple[int, ...] = (16, 256)) -> tuple[int, ...]:
+    """The aten ops one batch of DINO's 12 views dispatches (benchmarks/device_op_counts.py's dino path: a list of
+    mixed-size images, padded and resized by batch ops) at these batch sizes."""
+    return tuple(sum(op_counts.count("dino multi-crop (12 views)", n, device).values()) for n in batches)
 
 
 def test_ops_per_batch_do_not_grow_with_the_batch():
@@ -255,7 +240,7 @@ def test_on_fake_cuda_the_views_read_nothing_back(monkeypatch):
     from fakecuda import fake_cuda
 
     with fake_cuda() as ledger:
-        small, large = dino_ops("cuda", batches=(8, 32))
+        small, large = dino_ops("cuda", batches=(16, 64))
         views = mc.MultiCropAugment(16, 3, MEAN, STD, num_local=1, local_size=8)(
             [image.to("cuda") for image in images(3)], [1, 2, 3])
     assert all(v.device.type == "cuda" for v in views)
