@@ -54,8 +54,9 @@ SOLARIZE_AT = 128 / 255  # DINO's RandomSolarize(128) on uint8
 # per view: crop (areas, aspects, top, left, flip), jitter (apply, 4 factors, 4 order keys), grey, blur (apply,
 # radius), solarize
 VIEW_UNIFORMS = da.CROP_UNIFORMS + 9 + 1 + 2 + 1
-# per row of the upload: flip, 4 jitter factors (neutral where the jitter is off), 4 op order, grey, solarize,
-# the blur kernel's taps
+# the columns of a view's row of numbers: flip, 4 jitter factors (neutral where the jitter is off), the 4 ops'
+# order, grey, solarize, the blur kernel's taps
+FLIP, FACTORS, ORDER, GREY, SOLARIZE, KERNEL = 0, slice(1, 5), slice(5, 9), 9, 10, slice(11, None)
 ROW = 11 + BLUR_TAPS
 NEUTRAL = np.array([1.0, 1.0, 1.0, 0.0])  # the jitter factors that leave an image as it is
 
@@ -167,12 +168,12 @@ class MultiCropAugment:
     def augment_views(self, x: torch.Tensor, rows: torch.Tensor, steps: list[JitterStep]) -> torch.Tensor:
         """Flip, colour jitter, grey, blur and solarize of a float [0, 1] batch with one row of numbers per image
         and the batch's jitter steps (jitter_plan)."""
-        x = torch.where(rows[:, 0].view(-1, 1, 1, 1) > 0, x.flip(-1), x)
+        x = torch.where(rows[:, FLIP].view(-1, 1, 1, 1) > 0, x.flip(-1), x)
         x = color_jitter(x, steps)
         if x.shape[1] == 3:
-            x = torch.where(rows[:, 9].view(-1, 1, 1, 1) > 0, TF.rgb_to_grayscale(x, 3), x)
-        x = gaussian_blur(x, rows[:, 11:])
-        return torch.where((rows[:, 10].view(-1, 1, 1, 1) > 0) & (x >= SOLARIZE_AT), 1 - x, x)
+            x = torch.where(rows[:, GREY].view(-1, 1, 1, 1) > 0, TF.rgb_to_grayscale(x, 3), x)
+        x = gaussian_blur(x, rows[:, KERNEL])
+        return torch.where((rows[:, SOLARIZE].view(-1, 1, 1, 1) > 0) & (x >= SOLARIZE_AT), 1 - x, x)
 
 
 class JitterStep(NamedTuple):
@@ -189,7 +190,7 @@ def jitter_plan(rows: np.ndarray, in_chans: int) -> list[JitterStep]:
     own orders (torchvision's per-image randperm), each op on the images that have it there, so every image
     passes through each op once (the images whose jitter RandomApply skipped, none). Grey images: brightness
     and contrast only."""
-    factors, order = rows[:, 1:5], rows[:, 5:9].astype(np.int64)
+    factors, order = rows[:, FACTORS], rows[:, ORDER].astype(np.int64)
     jittered = (factors != NEUTRAL).any(1)
     steps = []
     for place in range(4):
