@@ -216,11 +216,12 @@ class DeviceAugment:
 
 def keyed_normal(counters: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """(E, *counters.shape[1:]) standard normal floats, a pure function of (key, counter): a counter-based
-    generator in int32 torch ops (Wellons' lowbias32 hash of the hashed counter xor the key, its top 24 bits a
+    generator in int32 torch ops (Wellons' lowbias32 hash of the hashed counter xor the key, its top 23 bits a
     uniform in (0, 1), the normal by the inverse CDF). Its own, not torch.Generator: a generator's stream
     depends on the device and on what it drew before; this gives each image the same noise anywhere."""
     bits = _lowbias32(counters ^ keys.view(-1, *([1] * (counters.dim() - 1))))
-    uniform = (_shift_right(bits, 8).float() + 0.5) * 2.0 ** -24
+    # 23 bits: k + 0.5 is exact in float32 only below 2^23 (24 bits rounded 2^24 - 0.5 up to 1.0: ndtri(1) = inf)
+    uniform = (_shift_right(bits, 9).float() + 0.5) * 2.0 ** -23
     return torch.special.ndtri(uniform)
 
 
