@@ -137,8 +137,9 @@ class MultiCropAugment:
             x = self.augment_views(x / 255, rows[first:last].flatten(0, 1), group_steps)
             if size != self.img_size:  # option (a): local views augmented small, then resized to the global size
                 x = F.interpolate(x, size=(self.img_size,) * 2, mode="bicubic", antialias=True,
-                                  align_corners=False).clamp(0, 1)
-            out += list(((x - self.stats[0]) / self.stats[1]).view(last - first, n, *x.shape[1:]).unbind(0))
+                                  align_corners=False).clamp_(0, 1)
+            x = x.sub_(self.stats[0]).div_(self.stats[1])  # in place: a batch of views is the largest tensor here
+            out += list(x.view(last - first, n, *x.shape[1:]).unbind(0))
         return out
 
     @staticmethod
@@ -217,9 +218,13 @@ def resized_views(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor
     rows, cols = both[:len(flat), :, :h], both[len(flat):, :, :w]
     side_by_side = cols.reshape(views, n, size, w).permute(1, 3, 0, 2).reshape(n, w, views * size)
     wide = torch.bmm(images.float().reshape(n, c * h, w), side_by_side)  # (N, C * H, V * size)
-    wide = torch.floor(wide.clamp_(0, 255) + 0.5).view(n, c, h, views, size).permute(3, 0, 1, 2, 4)
-    out = torch.matmul(rows.reshape(views, n, 1, size, h), wide).flatten(0, 1)
-    return torch.floor(out.clamp_(0, 255) + 0.5)
+    wide = wide.clamp_(0, 255).add_(0.5).floor_()  # in place: the largest tensor of the pipeline
+    # each (view, image)'s columns as one (H, C * size) matrix, so the vertical pass is one bmm with no copy of
+    # the row weights per channel
+    tall = wide.view(n, c, h, views, size).permute(3, 0, 2, 1, 4).reshape(views * n, h, c * size)
+    del wide
+    out = torch.bmm(rows.reshape(views * n, size, h), tall).view(views * n, size, c, size)
+    return out.permute(0, 2, 1, 3).clamp_(0, 255).add_(0.5).floor_().contiguous()
 
 
 def resized_views_cpu(images: torch.Tensor, boxes: np.ndarray, size: int) -> torch.Tensor:
