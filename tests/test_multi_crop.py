@@ -207,8 +207,9 @@ def images(n: int, seed: int = 0, c: int = 3) -> list[torch.Tensor]:
             for i in range(n)]
 
 
-def test_views_have_the_model_shape_and_an_image_gets_the_same_views_in_any_batch():
-    aug = mc.MultiCropAugment(16, 3, MEAN, STD, num_local=2, local_size=8)
+@pytest.mark.parametrize("per_crop_on_cpu", [True, False])
+def test_views_have_the_model_shape_and_an_image_gets_the_same_views_in_any_batch(per_crop_on_cpu):
+    aug = mc.MultiCropAugment(16, 3, MEAN, STD, num_local=2, local_size=8, per_crop_on_cpu=per_crop_on_cpu)
     batch = images(5)
     views = aug(batch, [11, 12, 13, 14, 15])
     assert len(views) == 4 and all(v.shape == (5, 3, 16, 16) and v.dtype == torch.float32 for v in views)
