@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from resmlp.data.device.augment import DeviceAugment
+from resmlp.data.device.multi_crop import MultiCropAugment
 from resmlp.fileio import write_json
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -126,7 +127,17 @@ def deit_mixup(batch: int, device: str) -> Callable[[], object]:
     return lambda: mixup(augment(pixels, seeds), targets)
 
 
-PATHS: dict[str, Callable[[int, str], Callable[[], object]]] = {"deit": deit, "deit + mixup/cutmix": deit_mixup}
+def dino(batch: int, device: str) -> Callable[[], object]:
+    """DINO's multi-crop as batch ops (resmlp.data.device.multi_crop): 2 global views at IMG_SIZE and 10 local
+    ones at half of it, the 12 views of issue 47; the batched resize also on CPU tensors (as on a GPU)."""
+    augment = MultiCropAugment(IMG_SIZE, 3, MEAN, STD, num_local=10, local_size=IMG_SIZE // 2,
+                               per_crop_on_cpu=False)
+    pixels, seeds = images(batch, device), list(range(batch))
+    return lambda: augment(pixels, seeds)
+
+
+PATHS: dict[str, Callable[[int, str], Callable[[], object]]] = {"deit": deit, "deit + mixup/cutmix": deit_mixup,
+                                                                "dino multi-crop (12 views)": dino}
 
 
 def count(path: str, batch: int, device: str = "cpu") -> Counter:

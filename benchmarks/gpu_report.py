@@ -20,7 +20,10 @@ device tool limited to 10 minutes each):
 - `inference`: resmlp.inference.optimize vs timm, bf16, batch 32 and 256, eager and compiled, with the share of
   the measured bf16 matrix peak (benchmarks/inference.py);
 - `pipeline`: the authors' recipe (`--recipe deit`) on a generated JPEG folder, data.pipeline device and timm,
-  vs timm's parts (benchmarks/train_pipeline.py); against the raw compiled step of `trainer-vs-raw`.
+  vs timm's parts (benchmarks/train_pipeline.py); against the raw compiled step of `trainer-vs-raw`. Then DINO's
+  multi-crop (benchmarks/dino_multi_crop.py): batched on the device vs DINO's PIL transform in 14 loader workers,
+  with ops (kernel launches) per batch, host time per batch, images/s and views/s against that raw step;
+  within what is left of the part's time.
 
 Writes OUT/gpu_report.json (every part: command, seconds, exit status, parsed numbers, error) and
 OUT/gpu_report.md (device, driver, torch and package versions, one table per part).
@@ -189,8 +192,25 @@ def part_pipeline(args, work: Path) -> dict[str, object]:
                  "--batch", batch, "--workers", workers, "--json", str(path))
     # the recipe's own pipeline (device) and the timm reference; the dry run only the recipe's, to stay short
     cmd += ["--pipelines", "device"] + ([] if args.tiny else ["timm"])
+    start = time.perf_counter()
     result = run(cmd + ([] if args.tiny else ["--profile"]), args.timeout)
-    return {**result, "exit": made["exit"] or result["exit"], "make_folder": made, "results": load_json(path)}
+    dino = part_dino(args, work, args.timeout - (time.perf_counter() - start))
+    return {**result, "exit": made["exit"] or result["exit"] or dino["exit"], "make_folder": made,
+            "results": load_json(path), "dino": dino}
+
+
+def part_dino(args, work: Path, timeout: float) -> dict[str, object]:
+    """DINO's multi-crop, batched on the device vs DINO's PIL transform in loader workers
+    (benchmarks/dino_multi_crop.py): ops per batch, host ms per batch, images/s, views/s against the raw compiled
+    step that trainer-vs-raw measured (when it ran first). Kept short: 3 passes over 4 batches of 64 images on
+    the device, the same 768 images through 14 PIL workers (not yet timed on a GPU)."""
+    path = work / "dino.json"
+    cmd = python("benchmarks/dino_multi_crop.py", "--device", args.device, "--json", str(path),
+                 "--raw-json", str(work / "raw-s12.json"))
+    cmd += ["--tiny"] if args.tiny else ["--batch", "64", "--workers", "14"]
+    if timeout < 10:
+        return {"exit": "not run", "skipped": "the part's time was spent"}
+    return {**run(cmd, timeout), "results": load_json(path)}
 
 
 RUNNERS = {"cuda-tests": part_cuda_tests, "suite": part_suite, "quickstart": part_quickstart, "guard": part_guard,
@@ -284,6 +304,10 @@ def part_lines(name: str, part: dict[str, object]) -> list[str]:
                 out += [f"| {k} | {fmt(v)} |" for k, v in sub["ratios"].items()]
                 out.append("")
         return out
+    if name == "pipeline" and isinstance(part.get("dino"), dict):
+        dino = part["dino"].get("results") or part["dino"]
+        return ["```json", json.dumps(part.get("results"), indent=1)[:6000], "```", "", "DINO's multi-crop:",
+                "```json", json.dumps(dino, indent=1)[:3000], "```", ""]
     if name in ("inference", "pipeline"):
         return ["```json", json.dumps(part.get("results"), indent=1)[:6000], "```", ""]
     return []
@@ -388,6 +412,7 @@ GUARD_ROW = _record({"optimizer": _text, "precision": _text, **dict.fromkeys(
 PART_FIELDS = {**RUN, "error": _text, "skipped": _text, "counts": _mapping(_number()), "failed": _list(_text),
                "summary": _mapping(_any), "results": _any, "trainer": _record(RUN, ("command",)),
                "raw_step": _record(RUN, ("command",)), "make_folder": _record(RUN, ("command",)),
+               "dino": _record({**RUN, "results": _any, "skipped": _text}, ("exit",)),
                **dict.fromkeys(("trainer_img_s_last_epoch", "raw_compiled_img_s", "trainer_over_raw"),
                                _number(none=True))}
 BATCH = _record({**RUN, "ratios": _mapping(_number()), "img_s": _mapping(_number())}, ("command", "ratios", "img_s"))

@@ -157,6 +157,7 @@ def test_the_gpu_report_dry_runs_every_part_on_the_cpu_and_merges(tmp_path):
               if part["exit"] != 0}
     assert failed == {}
     assert report["parts"]["quickstart"]["summary"]["test_top1"] is not None
+    assert report["parts"]["pipeline"]["dino"]["results"]["device_path"]["ops_per_batch"] > 0  # DINO's multi-crop
     assert report["parts"]["guard"]["results"][0]["guard_copy_mib"] > report["parts"]["guard"]["results"][0][
         "parameter_mib"]  # the moments are in the guard's copy
     markdown = (tmp_path / "m" / "gpu_report.md").read_text()

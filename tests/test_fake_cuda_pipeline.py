@@ -62,4 +62,5 @@ def test_dino_multicrop_runs_on_the_gpu_without_host_waits(tmp_path, capsys):
     ledger = run_cli(["pretrain", "dino", "--output", str(tmp_path / "run")],
                      {**COMMON, **DINO, "model.in_chans": 1, "data.pipeline": "device"}, capsys)
     assert repeated_waits(ledger) == {}
+    assert not ledger.inside("MultiCropAugment.__call__")  # the batched multi-crop reads nothing back, not once
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["data_pipeline"] == {"name": "device"}

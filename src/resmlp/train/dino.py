@@ -35,10 +35,10 @@ from PIL import Image, ImageFilter
 from timm.utils import ModelEmaV3
 from torch import nn
 from torchvision import transforms as T
-from torchvision.transforms import functional as TF
 
 from resmlp import reporting
 from resmlp.data import ArrayDataset
+from resmlp.data.device.multi_crop import MultiCropAugment
 from resmlp.evaluation import eval_batches_or_loader
 from resmlp.inference import optimize_features
 from resmlp.train.config import TrainConfig
@@ -143,29 +143,24 @@ class DINOGaussianBlur:
     def __init__(self, radius_min: float = 0.1, radius_max: float = 2.0) -> None:
         self.radius_min, self.radius_max = radius_min, radius_max
 
-    def __call__(self, image: Image.Image | torch.Tensor) -> Image.Image | torch.Tensor:
+    def __call__(self, image: Image.Image) -> Image.Image:
         radius = self.radius_min + (self.radius_max - self.radius_min) * float(torch.rand(()))
-        if isinstance(image, torch.Tensor):  # data.pipeline=device: a decoded uint8 image where it lies
-            size = 2 * math.ceil(3 * radius) + 1  # a kernel out to 3 sigma: PIL's also covers the whole radius
-            return TF.gaussian_blur(image, [size, size], [radius, radius])
         return image.filter(ImageFilter.GaussianBlur(radius=radius))
 
 
 class MultiCropTransform:
-    """2 global crops + `num_local` local crops of one PIL image, all returned at the global size."""
+    """2 global crops + `num_local` local crops of one PIL image, all returned at the global size (the timm
+    path's workers; data.pipeline=device runs the same as batch ops: resmlp.data.device.multi_crop)."""
 
     def __init__(self, img_size: int, mean: tuple[float, ...], std: tuple[float, ...], num_local: int = 4,
                  global_scale: tuple[float, float] = (0.4, 1.0), local_scale: tuple[float, float] = (0.05, 0.4),
-                 local_size: int | None = None, grayscale: bool = False, tensors: bool = False) -> None:
+                 local_size: int | None = None, grayscale: bool = False) -> None:
         local_size = local_size or max(img_size * 3 // 7, 8)
         # Grayscale images keep DINO's brightness and contrast jitter: without any photometric change two
         # crops of one image share its intensity histogram, a shortcut that matches views without shape.
         jitter = T.ColorJitter(0.4, 0.4) if grayscale else T.ColorJitter(0.4, 0.4, 0.2, 0.1)
         color = [T.RandomApply([jitter], p=0.8)] + ([] if grayscale else [T.RandomGrayscale(p=0.2)])
-        # tensors: the same torchvision transforms on decoded uint8 tensors where they are (data.pipeline device),
-        # normalised by the caller (resmlp.data.device.augment.PerImageOnDevice): torchvision's Normalize copies
-        # its statistics to the device and reads back a zero check on every call
-        finish = [T.ConvertImageDtype(torch.float32)] if tensors else [T.ToTensor(), T.Normalize(mean, std)]
+        finish = [T.ToTensor(), T.Normalize(mean, std)]
         flip = T.RandomHorizontalFlip()
         blur = DINOGaussianBlur(0.1, 2.0)  # DINO's utils.GaussianBlur radius range
         self.global_views = [  # DINO's two global views: blurred always / rarely, the second solarised at 0.2
@@ -198,10 +193,18 @@ class DINOTask(SupervisedTask):
 
     # -------------------------------------------------------------------------------- model and loss
     def train_transform(self):
+        """(preprocess, batched=False) -> DINO's multi-crop: the PIL transform of the loader workers, or
+        (batched, data.pipeline=device) the same as batch ops where the images are."""
         d = self.cfg.dino
-        return lambda pre, tensors=False: MultiCropTransform(
-            pre.img_size, pre.mean, pre.std, d.num_local, tuple(d.global_scale), tuple(d.local_scale), d.local_size,
-            grayscale=pre.in_chans == 1, tensors=tensors)
+
+        def transform(pre, batched: bool = False):
+            if batched:
+                return MultiCropAugment(pre.img_size, pre.in_chans, pre.mean, pre.std, d.num_local,
+                                        tuple(d.global_scale), tuple(d.local_scale), d.local_size)
+            return MultiCropTransform(pre.img_size, pre.mean, pre.std, d.num_local, tuple(d.global_scale),
+                                      tuple(d.local_scale), d.local_size, grayscale=pre.in_chans == 1)
+
+        return transform
 
     def build_model(self, trainer: TrainerView, num_classes: int) -> nn.Module:
         backbone = super().build_model(trainer, num_classes)

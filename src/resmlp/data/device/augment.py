@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import default_collate
 
 from resmlp.data.device import rand_augment as ra
 from resmlp.data.device.resample import pad_batch, resized_crop, size_groups
@@ -262,11 +261,12 @@ class DeviceAugment:
 
 def keyed_normal(counters: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """(E, *counters.shape[1:]) standard normal floats, a pure function of (key, counter): a counter-based
-    generator in int32 torch ops (Wellons' lowbias32 hash of the hashed counter xor the key, its top 24 bits a
+    generator in int32 torch ops (Wellons' lowbias32 hash of the hashed counter xor the key, its top 23 bits a
     uniform in (0, 1), the normal by the inverse CDF). Its own, not torch.Generator: a generator's stream
     depends on the device and on what it drew before; this gives each image the same noise anywhere."""
     bits = _lowbias32(counters ^ keys.view(-1, *([1] * (counters.dim() - 1))))
-    uniform = (_shift_right(bits, 8).float() + 0.5) * 2.0 ** -24
+    # 23 bits: k + 0.5 is exact in float32 only below 2^23 (24 bits rounded 2^24 - 0.5 up to 1.0: ndtri(1) = inf)
+    uniform = (_shift_right(bits, 9).float() + 0.5) * 2.0 ** -23
     return torch.special.ndtri(uniform)
 
 
@@ -282,33 +282,6 @@ def _lowbias32(z: torch.Tensor) -> torch.Tensor:
 def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
     """The logical right shift of int32 values (torch's >> is arithmetic on signed ints)."""
     return (z >> bits) & ((1 << (32 - bits)) - 1)
-
-
-class PerImageOnDevice:
-    """A torchvision transform that takes uint8 tensors (DINO's multi-crop: crops, colour jitter, grey, blur,
-    solarize, flips; resmlp.train.dino.MultiCropTransform(tensors=True)) applied to each decoded image where it
-    is, its random parameters drawn by torchvision on the CPU generator seeded with the image's seed, the results
-    collated (a batch, or a list of crop batches) and normalised by `mean` and `std`. torchvision's tensor
-    kernels, so the device runs the pixels; one image at a time, as torchvision's colour jitter draws one factor
-    per call."""
-
-    def __init__(self, transform: Callable, in_chans: int, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.transform, self.in_chans = transform, in_chans
-        self.stats = torch.tensor([list(mean), list(std)], dtype=torch.float32).view(2, 1, -1, 1, 1)
-
-    def __call__(self, images: list[torch.Tensor] | torch.Tensor, seeds: Sequence[int]):
-        images = _as_list(images)
-        if self.stats.device != images[0].device:  # once: the statistics then live where the images are
-            self.stats = copy_to(self.stats, images[0].device)
-        out = []
-        with torch.random.fork_rng(devices=[]):
-            for image, seed in zip(images, seeds, strict=True):
-                torch.default_generator.manual_seed(int(seed))
-                out.append(self.transform(_channels(image.unsqueeze(0), self.in_chans)[0]))
-        batch = default_collate(out)
-        if isinstance(batch, torch.Tensor):
-            return (batch - self.stats[0]) / self.stats[1]
-        return [(crops - self.stats[0]) / self.stats[1] for crops in batch]
 
 
 def _as_list(images: list[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:

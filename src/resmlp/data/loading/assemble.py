@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resmlp.data import ArrayDataset, PixelPermutation, dataset_stats, with_permutation
-from resmlp.data.device.augment import DeviceAugment, PerImageOnDevice
+from resmlp.data.device.augment import DeviceAugment
 from resmlp.data.device.batch_augment import BatchAugment
 from resmlp.data.device.decode import EncodedDataset, EncodedStream
+from resmlp.data.device.multi_crop import MultiCropAugment
 from resmlp.data.device.pipeline import DevicePipeline
 from resmlp.data.per_image.decoded import decoded
 from resmlp.data.per_image.folder import class_folder_records
@@ -107,8 +108,7 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
         augment = BatchAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip, d.reprob,
                                d.interpolation, after=permutation)
     elif d.pipeline == "device":
-        device_augment = (PerImageOnDevice(train_transform(pre, tensors=True), in_chans, pre.mean, pre.std)
-                          if train_transform else
+        device_augment = (train_transform(pre, batched=True) if train_transform else
                           DeviceAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip,
                                         d.auto_augment, d.reprob, d.interpolation, after=permutation))
         if isinstance(train, ArrayDataset):
@@ -124,4 +124,4 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
                         if isinstance(test, ArrayDataset) else None)
     return RunData(train, val, test, train_eval, list(splits.train.class_names), pre, splits.validation, augment,
                    val_batched, test_batched, pipeline, "device" if pipeline or isinstance(
-                       augment, (DeviceAugment, PerImageOnDevice)) else "batched" if augment is not None else "timm")
+                       augment, (DeviceAugment, MultiCropAugment)) else "batched" if augment is not None else "timm")
