@@ -41,7 +41,7 @@ from torchvision.transforms.v2.functional._color import _rgb_to_hsv
 
 from resmlp.data.device import augment as da
 from resmlp.data.device import rand_augment as ra
-from resmlp.data.device.resample import pad_batch, resample_weights
+from resmlp.data.device.resample import pad_batch, resample_weights, taps_bound
 from resmlp.errors import ConfigError
 from resmlp.runtime import copy_to
 
@@ -214,7 +214,7 @@ def resized_views(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor
     both = resample_weights(torch.cat([flat[:, 0], flat[:, 1]]), torch.cat([flat[:, 2], flat[:, 3]]),
                             torch.cat([valid[:, 0], valid[:, 1]]),
                             torch.full((2 * len(flat),), float(size), dtype=torch.float64, device=flat.device),
-                            size, max(h, w), "bicubic", True)
+                            size, max(h, w), taps_bound(max(h, w), size, "bicubic", True), "bicubic", True)
     rows, cols = both[:len(flat), :, :h], both[len(flat):, :, :w]
     side_by_side = cols.reshape(views, n, size, w).permute(1, 3, 0, 2).reshape(n, w, views * size)
     wide = torch.bmm(images.float().reshape(n, c * h, w), side_by_side)  # (N, C * H, V * size)
