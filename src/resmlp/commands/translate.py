@@ -69,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="accumulate the gradients of N batches per process into one update, a step (fairseq's "
                         "--update-freq; default 1, or with --recipe what makes its tokens per update)")
     t.add_argument("--max-steps", type=int, default=100_000, metavar="N",
-                   help="stop after this many optimizer steps (default 100000)")
+                   help="stop after this many optimizer steps (default 100000: Vaswani et al.'s base models, the "
+                        "number a --recipe run should make)")
     t.add_argument("--max-minutes", type=float, default=20.0, help="wall-clock training budget")
     t.add_argument("--test-decode-limit", type=int, metavar="N",
                    help="decode and score only the first N test sentences at the end (0: none; default all)")
