@@ -7,9 +7,9 @@ Each value is a flag of `resmlp translate train` and names its source:
   hidden MLP size of 2,048, and with 6 or 12 layers" (the `base6` / `base12` presets).
 - "Ott et al.": the setup the paper follows ([45], Scaling Neural Machine Translation): a joint BPE
   vocabulary of 32K symbols for En-De and 40K for En-Fr, and fairseq's examples/scaling_nmt/README.md, which
-  trains with `--max-tokens 3584` per GPU on a machine of 8 GPUs, with `--warmup-updates 4000` (TOKENS_PER_UPDATE:
-  3,584 x 8 = 28,672 tokens per update), and decodes newstest2014 with `--beam 4 --lenpen 0.6` (the length
-  penalty is not in the paper).
+  trains with `--max-tokens 3584` per GPU and `--warmup-updates 4000`, on a machine of 8 GPUs as its big-batch
+  note assumes (TOKENS_PER_UPDATE: 3,584 x 8 = 28,672 tokens per update), and decodes newstest2014 with
+  `--beam 4 --lenpen 0.6` (the length penalty is not in the paper).
 - "fairseq transformer": fairseq/models/transformer base_architecture, where `dropout` acts on embeddings and
   sublayer outputs and `attention_dropout` / `activation_dropout` default to 0.0.
 - "Vaswani et al.": "for the base models, we used a single model obtained by averaging the last 5 checkpoints"
