@@ -398,6 +398,17 @@ CLAIMS_TABLE: list[Claim] = [
     Claim("Table 1: S24 needs more peak memory than S12", "235.3 / 179.5 MB = **1.31**", "same", "as above",
           Cited("activations only 138.7 / 147.9 = **0.94**; with the weights 253.2 / 206.5 = **1.23** (same run)",
                 "docs/analysis.md", ("138.7", "114.5"), (1.23 - 1,), (0.0,), 1.31 - 1)),
+    Claim("Table 1: B24 runs at a sixth of S12's speed", "231.3 / 1415.1 im/s = **0.16**", "same", H100,
+          Cited("839 / 4,984 = **0.17** (same run)", "README.md", ("4,984 / 2,530 / 839",), (839 / 4984 - 1,),
+                (0.0,), 231.3 / 1415.1 - 1)),
+    Claim("Table 1: B24's peak memory", "663.0 MB (S12 179.5, S24 235.3; V100, batch 32)", "none", "",
+          NotMeasured("not measured: the memory rows above timed S12, S24 and DeiT-S on the CPU (docs/analysis.md); "
+                      "B24 was in no memory run")),
+    Claim("Table 1: the convnets' throughputs beside S12's", "RegNetY-4GF 861.0, EfficientNet-B3 661.8 vs S12 "
+          "1415.1 im/s (V100, batch 32)", "none", "",
+          NotMeasured("not measured: no run timed RegNetY-4GF or EfficientNet-B3 (the benchmark's default convnet "
+                      "is ResNet-50); `resmlp benchmark --models resmlp_s12,timm:regnety_040,timm:efficientnet_b3 "
+                      "--device cuda --batch-size 32` would, on a GPU")),
     Claim("Table 3: the cross-patch sublayer is essential (linear → none)", "76.6 → 56.5 (**-20.1**)", AB,
           ABLATION_SCALE, Ablation("cross-none", 56.5 - 76.6)),
     Claim("Table 3: linear → MLP cross-patch", "**+0.7**", AB, ABLATION_SCALE, Ablation("cross-mlp", 77.3 - 76.6)),
@@ -414,6 +425,9 @@ CLAIMS_TABLE: list[Claim] = [
           "12 minus 24 layers **+0.5**", "`benchmarks/ablations.py --epochs 2 --seeds 0,1,2 --only "
           "depth2,depth2-class-mlp`", ABLATION_SCALE + "; our depths 2 and 4 vs 12 and 24",
           Contrast(("depth2-class-mlp", "depth2"), ("class-mlp", "baseline"), 0.9 - 0.4)),
+    Claim("Table D.3: distillation with class-MLP pooling", "12 / 24 / 36 layers: 78.6 / 81.1 / 81.4 (val), "
+          "over class-MLP without distillation 77.5 / 79.8 / 80.5", "none", "",
+          NotMeasured(NEEDS_IMAGENET + " (our distillation row, Table 3's, trains the average-pooled model)")),
     Claim("Table D.3: deeper is better (12 vs 24 layers)", "76.6 vs 79.4 (half the depth: **-2.8**)", AB,
           ABLATION_SCALE + "; 2 vs 4 blocks", Ablation("depth2", 76.6 - 79.4)),
     Claim("Table 3: smaller patches are better (16 → 8 pixels)", "76.6 vs 79.1 (coarser: **-2.5**)", AB,
@@ -424,6 +438,11 @@ CLAIMS_TABLE: list[Claim] = [
                       "compares 4 and 7); its size, 15.6 M / 4.0 GFLOPs, is counted in the Table 3 row")),
     Claim("Table 3: ResMLP-B24/8 without distillation", "81.0 / 85.7 / 68.6 (val / real / V2): B24/16's val top-1 "
           "for 4.4x the FLOPs (100.2 vs 23.0)", "none", "", NotMeasured(NEEDS_IMAGENET)),
+    Claim("Sec. 3.4: smaller patches benefit larger models only with distillation or more data",
+          "16 → 8 pixels: S12 76.6 → 79.1 (**+2.5**); B24 81.0 → 81.0 (**0**), B24/8 distilled 83.6, ImageNet-21k "
+          "84.4 (Table 3)", "none", "",
+          NotMeasured(NEEDS_IMAGENET + ": the 2-epoch study's patch row is one small model without distillation; "
+                      "a larger model's patch rows, with and without a teacher, were not run")),
     Claim("Table 3: ImageNet-21k pre-training (60 epochs) of ResMLP-B24/8", "84.4 / 88.9 / 74.2 (val / real / V2) "
           "vs 83.6 distilled on ImageNet-1k", "none", "", NotMeasured("not measured: needs ImageNet-21k and "
                                                                       "ImageNet")),
@@ -445,6 +464,11 @@ CLAIMS_TABLE: list[Claim] = [
     Claim("Appendix A: class-attention → class-MLP gives the attention-free baseline", "80.2 → 79.2 (**-1.0**)",
           "none", "", NotMeasured("not measured: as the row above (class-MLP pooling itself is the Table 3 row "
                                   "\"average pooling → class-MLP\")")),
+    Claim("Appendix A: distillation of the CaiT-derived MLP baseline", "79.2 → 81.5 (**+2.3**), hard "
+          "distillation", "none", "",
+          NotMeasured("not measured: needs ImageNet and the CaiT-derived baseline (LayerScale, class embedding, "
+                      "position encodings), which this project does not build; distillation of ResMLP is the Table 3 "
+                      "row \"distillation from a convnet improves ResMLP\"")),
     Claim("Appendix A: ReLU is close to GELU (\"a bit more unstable in some settings\")", "79.1 vs 79.2 (**-0.1**)",
           AB, APPENDIX_A_SCALE, Ablation("act-relu", 79.1 - 79.2, "stability is not measured")),
     Claim("Appendix A: SiLU is worse than GELU (\"did not manage to get good results\")", "78.7 vs 79.2 (**-0.5**)",
@@ -454,6 +478,13 @@ CLAIMS_TABLE: list[Claim] = [
     Claim("Appendix A / Sec. 3.4: pre-normalisation with BatchNorm \"could provide an accuracy gain\"",
           "over LayerNorm: BatchNorm +0.8, Aff +0.4, so BatchNorm over Aff **+0.4**", AB, APPENDIX_A_SCALE,
           Ablation("batchnorm", 0.8 - 0.4)),
+    Claim("Appendix A vs Table 3: the paper's two normalisation results disagree (Aff over LayerNorm)",
+          "Appendix A: Aff **+0.4** over LayerNorm (CaiT-derived MLP baseline, 79.2); Table 3: Aff → LayerNorm "
+          "+1.1, i.e. Aff -1.1 (ResMLP-S12, 76.6 → 77.7): opposite signs", AB, APPENDIX_A_SCALE,
+          Swapped("layernorm", 0.4, "the paper's delta is Appendix A's; Table 3's (Aff -1.1 against LayerNorm) "
+                  "has the other sign: the paper contradicts itself across two baselines, and this row can agree "
+                  "with at most one of them (the Table 3 row \"Affine → LayerNorm\" reads the same runs the "
+                  "other way)")),
     Claim("Appendix A: l2-norm pre-normalisation equals Aff", "both +0.4 over LayerNorm (**0**: no effect)", AB,
           APPENDIX_A_SCALE, Ablation("l2norm", 0.0)),
     Claim("Appendix A: a large expansion factor of the cross-patch MLP is detrimental", "x1 79.2 vs x4 78.8 "

@@ -6,6 +6,9 @@ distance from 1) with a noise: the half-range over seeds of the row plus that of
 - **one run**: a side has a single run, so there is no spread and no verdict;
 - for a claim that something has **no effect** (paper delta 0): **consistent** when |delta| <= noise,
   **contradicted** otherwise;
+- **the scale cannot tell**: the noise is at least the paper's |delta| and the paper's delta lies within
+  delta ± noise: any outcome this noisy would agree with the paper, so agreement says nothing (e.g. the
+  depth-wise conv row: -9.99 ± 9.83 against the paper's -0.3);
 - **within the noise**: |delta| <= noise (the sign is not resolved);
 - **contradicted**: the sign is opposite to the paper's and |delta| > noise;
 - **reproduced**: the paper's sign, |delta| > noise, and the paper's delta lies within delta ± noise;
@@ -40,6 +43,8 @@ def verdict(delta: float, noise: float | None, paper_delta: float) -> str:
         return "one run"
     if paper_delta == 0:
         return "consistent" if abs(delta) <= noise else "contradicted"
+    if abs(paper_delta) <= noise and abs(paper_delta - delta) <= noise:
+        return "the scale cannot tell"
     if abs(delta) <= noise:
         return "within the noise"
     if (delta > 0) != (paper_delta > 0):

@@ -19,8 +19,10 @@ OTT = {"wmt14-en-de": {"vocab_size": 32_000, "lenpen": 0.6, "max_tokens": 3584},
        "wmt14-en-fr": {"vocab_size": 40_000, "lenpen": 0.6, "max_tokens": 3584}}
 # fairseq/models/transformer base_architecture: attention_dropout 0.0, activation_dropout 0.0
 FAIRSEQ = {"attention_dropout": 0.0, "activation_dropout": 0.0}
-# Vaswani et al. section 6.1: "averaging the last 5 checkpoints" (base models)
+# Vaswani et al. section 6.1: "averaging the last 5 checkpoints" (base models); 5.2: "We trained the base models for
+# a total of 100,000 steps"
 VASWANI = {"average_last": 5}
+RUN_UPDATES = 100_000  # --max-steps' default, which the recipe keeps
 
 
 def _train_args(*flags: str):
@@ -32,6 +34,7 @@ def test_recipe_sets_the_papers_values_with_their_sources(recipe):
     args = _train_args("--recipe", recipe)
     expected = {**PAPER, "dropout": DROPOUT[recipe], **OTT[recipe], **FAIRSEQ, **VASWANI}
     assert {k: getattr(args, k) for k in expected} == expected
+    assert args.max_steps is None and args.flag_defaults["max_steps"] == RUN_UPDATES
     sources = {k: source for k, (_, source) in RECIPES[recipe].items()}
     assert all(sources[k] == "paper 3.6" for k in (*PAPER, "dropout"))
     assert all(sources[k] == "Ott et al." for k in OTT[recipe])
@@ -39,10 +42,10 @@ def test_recipe_sets_the_papers_values_with_their_sources(recipe):
 
 
 @pytest.mark.parametrize(("world", "flags", "update_freq"), [
-    ("8", [], 16),  # fairseq's scaling_nmt README: 8 GPUs, --max-tokens 3584 --update-freq 16 (= 128 GPUs)
-    ("1", [], 128),  # one process: the 128 GPUs' batches in one update
-    ("3", [], 43),  # rounded up: 3 x 43 x 3584 = 462,336 tokens, the fewest batches reaching 458,752
-    ("8", ["--max-tokens", "7168"], 8),  # larger batches (a bigger GPU): fewer of them per update
+    ("8", [], 1),  # fairseq's scaling_nmt README: 8 GPUs, --max-tokens 3584
+    ("1", [], 8),  # one process: the 8 GPUs' batches in one update
+    ("3", [], 3),  # rounded up: 3 x 3 x 3584 = 32,256 tokens, the fewest batches reaching 28,672
+    ("1", ["--max-tokens", "7168"], 4),  # larger batches (a bigger GPU): fewer of them per update
     ("8", ["--update-freq", "2"], 2),  # given: as given
 ])
 def test_the_recipe_derives_update_freq_from_the_processes_and_prints_the_batch(world, flags, update_freq,
@@ -50,7 +53,7 @@ def test_the_recipe_derives_update_freq_from_the_processes_and_prints_the_batch(
     from resmlp.commands import translate
     from resmlp.seq2seq.recipes import TOKENS_PER_UPDATE
 
-    assert TOKENS_PER_UPDATE[0] == 3584 * 128 == 458_752  # Ott et al. section 3.6 follows: ~460k tokens per update
+    assert TOKENS_PER_UPDATE[0] == 3584 * 8 == 28_672  # Ott et al.'s batch on one machine of 8 GPUs
     monkeypatch.setenv("WORLD_SIZE", world)
     monkeypatch.delenv("RANK", raising=False)
     trained = []
@@ -62,7 +65,9 @@ def test_the_recipe_derives_update_freq_from_the_processes_and_prints_the_batch(
     assert f"{tokens} tokens per batch x {update_freq} batches per update (--update-freq) x {world} processes = " \
            f"{tokens * update_freq * int(world):,} tokens per update" in printed
     if "--update-freq" not in flags:
-        assert tokens * update_freq * int(world) >= 458_752 > tokens * (update_freq - 1) * int(world)
+        assert tokens * update_freq * int(world) >= 28_672 > tokens * (update_freq - 1) * int(world)
+    # issue 49: the batch is attributed to whom it belongs (the paper states none)
+    assert "paper:" not in printed and "the recipe's 28,672: this project's choice" in printed
     monkeypatch.setenv("RANK", "1")  # other ranks print nothing
     translate.run_translate_train(args)
     assert "tokens per update" not in capsys.readouterr().err
@@ -72,10 +77,10 @@ def test_a_recipe_batch_beyond_update_freqs_range_or_a_bad_world_size_is_one_lin
     from resmlp.cli import main
 
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert main(["translate", "train", "--recipe", "wmt14-en-de", "--max-tokens", "64", "--data", "D",
+    assert main(["translate", "train", "--recipe", "wmt14-en-de", "--max-tokens", "16", "--data", "D",
                  "--output", "O"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "7168 batches of --max-tokens 64" in err and "raise --max-tokens" in err
+    assert len(err.splitlines()) == 1 and "1792 batches of --max-tokens 16" in err and "raise --max-tokens" in err
     monkeypatch.setenv("WORLD_SIZE", "two")
     assert main(["translate", "train", "--recipe", "wmt14-en-de", "--data", "D", "--output", "O"]) == 2
     assert "WORLD_SIZE='two'" in capsys.readouterr().err
@@ -154,3 +159,18 @@ def test_after_the_warm_up_adagrad_holds_its_rate_this_projects_choice_stated_in
         sched.step()
     assert rates[:4] == pytest.approx([0.05, 0.1, 0.15, 0.2]) and rates[4:] == pytest.approx([0.2] * 8)
     assert "this project's choice" in recipes.__doc__ and "inverse_sqrt" in recipes.__doc__
+
+
+def test_the_budget_line_counts_updates_and_epochs_from_the_batches_and_processes():
+    from resmlp.seq2seq.budget import budget_line, updates_per_epoch
+    from resmlp.seq2seq.config import TranslationConfig
+
+    # each of 3 processes takes 4,000 // 3 = 1,333 batches, 8 to an update: 167 updates (the last one short)
+    assert updates_per_epoch(4000, 3, 8) == 167 and updates_per_epoch(5, 8, 1) == 1
+    cfg = TranslationConfig(output="o", task="numbers-en-de", max_tokens=3584, update_freq=1, warmup_steps=32_000,
+                            max_steps=100_000)
+    line = budget_line(cfg, batches=32_000, world=8, pairs=4_500_000, tokens=120_000_000)
+    # 32,000 batches on 8 GPUs, one batch per update: 4,000 updates an epoch
+    assert line.startswith("budget: 28,672 tokens per update at most (3584 per batch x 1 batches (--update-freq) x 8 "
+                           "processes); this corpus (4,500,000 pairs, 120,000,000 tokens) is 4,000 updates an epoch; "
+                           "warm-up 32,000 updates = 8.00 epochs; run 100,000 updates (--max-steps) = 25.00 epochs")

@@ -165,6 +165,25 @@ def test_a_beam_outside_1_to_64_is_one_line_and_exit_2(trained, capsys, action):
         assert len(err.splitlines()) == 1 and "from 1 to 64" in err
 
 
+def test_a_run_prints_its_budget_in_updates_and_epochs_of_its_corpus(corpus, tmp_path, capsys, monkeypatch):
+    """Issue 49: the warm-up and the run in epochs of the corpus the trainer batches (counted from its own
+    batches here, not from the budget's formula)."""
+    batched = []
+    token_batches = seq2seq_train.token_batches
+    monkeypatch.setattr(seq2seq_train, "token_batches", lambda *a, **k: batched.append(token_batches(*a, **k))
+                        or batched[-1])
+    import dataclasses
+
+    train_translation(dataclasses.replace(_tiny_config(corpus, tmp_path / "run"), warmup_steps=3, max_steps=4))
+    per_epoch = len(batched[0])  # one process, --update-freq 1: an update per batch
+    budget = [line for line in capsys.readouterr().err.splitlines() if line.startswith("budget: ")]
+    assert budget == [f"budget: 512 tokens per update at most (512 per batch x 1 batches (--update-freq) x 1 "
+                      f"processes); this corpus (400 pairs, {budget[0].split(' pairs, ')[1].split(' tokens')[0]} "
+                      f"tokens) is {per_epoch} updates an epoch; warm-up 3 updates = {3 / per_epoch:.2f} epochs; "
+                      f"run 4 updates (--max-steps) = {4 / per_epoch:.2f} epochs, unless --max-minutes 20 ends it "
+                      "first"]
+
+
 def test_the_final_test_decoding_shows_progress_like_training(corpus, tmp_path, capsys):
     import dataclasses
 

@@ -32,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the paper's WMT14 setup (section 3.6; sources in resmlp/seq2seq/recipes.py): sets "
                         "--preset --optimizer --lr --warmup-steps --label-smoothing --dropout --attention-dropout "
                         "--activation-dropout --layerscale-init --beam --lenpen --vocab-size --max-tokens "
-                        "--average-last --max-minutes, and --update-freq from the number of processes (about "
-                        "460k tokens per update, as Ott et al.); give it first: flags after it override it")
+                        "--average-last --max-minutes, and --update-freq from the number of processes "
+                        "(28,672 tokens per update: Ott et al.'s 8 GPUs); give it first: flags after it override it")
     t.add_argument("--src-suffix", default="src", help="source file suffix, e.g. en (default src)")
     t.add_argument("--tgt-suffix", default="tgt", help="target file suffix, e.g. de (default tgt)")
     t.add_argument("--train-size", type=int, default=50_000, help="training pairs of the built-in task")
@@ -69,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="accumulate the gradients of N batches per process into one update, a step (fairseq's "
                         "--update-freq; default 1, or with --recipe what makes its tokens per update)")
     t.add_argument("--max-steps", type=int, default=100_000, metavar="N",
-                   help="stop after this many optimizer steps (default 100000)")
+                   help="stop after this many optimizer steps (default 100000: Vaswani et al.'s base models, the "
+                        "number a --recipe run should make)")
     t.add_argument("--max-minutes", type=float, default=20.0, help="wall-clock training budget")
     t.add_argument("--test-decode-limit", type=int, metavar="N",
                    help="decode and score only the first N test sentences at the end (0: none; default all)")
@@ -234,14 +235,14 @@ def _update_freq(args: argparse.Namespace) -> int:
 
 
 def _print_batch(cfg, recipe: str) -> None:
-    """A recipe run's effective batch, once (rank 0), against the paper's."""
+    """A recipe run's effective batch, once (rank 0), against the recipe's."""
     from resmlp.seq2seq.recipes import TOKENS_PER_UPDATE
 
     world = _processes()
     if os.environ.get("RANK", "0") == "0":
         print(f"--recipe {recipe}: {cfg.max_tokens} tokens per batch x {cfg.update_freq} batches per update "
               f"(--update-freq) x {world} processes = {cfg.max_tokens * cfg.update_freq * world:,} tokens per update "
-              f"at most (paper: {TOKENS_PER_UPDATE[0]:,}, {TOKENS_PER_UPDATE[1]})", file=sys.stderr, flush=True)
+              f"at most (the recipe's {TOKENS_PER_UPDATE[0]:,}: {TOKENS_PER_UPDATE[1]})", file=sys.stderr, flush=True)
 
 
 def _run_config(checkpoint: str):

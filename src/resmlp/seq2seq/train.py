@@ -43,6 +43,7 @@ from resmlp.runtime import (
     shutdown,
 )
 from resmlp.seq2seq.averaging import drop_checkpoints_after, keep_checkpoint, write_average
+from resmlp.seq2seq.budget import corpus_budget_line
 from resmlp.seq2seq.config import TranslationConfig, check_resumable
 from resmlp.seq2seq.data import (
     SPLITS,
@@ -314,6 +315,8 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     mcfg = cfg.model_config(len(tok))
     src_ids, tgt_ids = encode_pairs(tok, train_src, train_tgt, mcfg.max_len, mcfg.source_eos, "train")
     vsrc, vtgt = encode_pairs(tok, valid_src, valid_tgt, mcfg.max_len, mcfg.source_eos, "valid")
+    if info.is_main:  # what the run's numbers mean in this corpus, before hours are spent on them
+        print(corpus_budget_line(cfg, src_ids, tgt_ids, mcfg.source_eos, world), file=sys.stderr, flush=True)
 
     model = build_translation_model(mcfg).to(device)  # before the optimizer: its state lives on the device
     opt, sched = make_optimizer(model, cfg)
