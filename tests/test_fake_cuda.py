@@ -88,6 +88,7 @@ def test_every_optimizer_trains_on_the_gpu_without_a_host_wait_per_step(tmp_path
     {"data.batch_augment": False},  # the DataLoader path: pinned batches, the side-stream prefetch
     {"train.clip_grad": 1.0},  # one global norm (torch's clip_grad_norm_)
     {"train.clip_mode": "per_param", "train.clip_grad": 1.0},  # DINO's per-parameter clipping, foreach on device
+    {"train.amp": "fp16", "train.clip_grad": 1.0},  # unscaled by the GradScaler, then clipped (issue 49)
 ], ids=lambda s: next(iter(s)))
 def test_every_step_option_keeps_the_step_free_of_host_waits(tmp_path, capsys, setting):
     ledger = run_cli(["train", "--recipe", "fashion-mnist-quick", "--output", str(tmp_path / "run")],
