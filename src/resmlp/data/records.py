@@ -32,9 +32,19 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from resmlp.errors import ConfigError
+from resmlp.errors import ConfigError, DataError
 
 SPLITS = ("train", "val", "test")
+
+# The most classes a dataset's own files may declare (a class map, a folder's class folders, a shard index's or
+# a Hub dataset's label names). The largest public classification label sets are well below it: ImageNet-21k
+# (fall11) has 21,841 synsets (Ridnik et al. 2021, "ImageNet-21K Pretraining for the Masses", table 1),
+# iNaturalist 2021 has 10,000 species (Van Horn et al. 2021). A file declaring more is malformed or hostile,
+# and is refused before a model head or a label table of that size is allocated.
+MAX_CLASSES = 100_000
+# The longest class name (characters) a data file may declare; WordNet glosses in ImageNet's class lists
+# (e.g. LOC_synset_mapping.txt) are under 200 characters.
+MAX_CLASS_NAME_CHARS = 1_000
 Key = tuple[int, int, int, int]  # (seed, epoch, global position, index): resmlp.data.loading.samplers
 Payload = bytes | np.ndarray
 
@@ -48,6 +58,29 @@ class SourceSpec:
 
     def __str__(self) -> str:
         return self.kind if self.arg is None else f"{self.kind}:{self.arg}"
+
+
+def check_class_names(names: Sequence[str], what: str) -> list[str]:
+    """`names` as a list if it is a usable class list: 1..MAX_CLASSES non-empty strings of at most
+    MAX_CLASS_NAME_CHARS characters, no name twice (checked with a set: linear, not quadratic). Otherwise one
+    DataError line naming `what` (the file or folder the names came from) and the first offending name."""
+    if len(names) > MAX_CLASSES:  # before anything is copied: a hostile list may be huge
+        raise DataError(f"{what}: {len(names):,} classes, more than the {MAX_CLASSES:,} this project accepts "
+                        f"(the largest public label sets have ~22k); check the file")
+    names = list(names)
+    if not names:
+        raise DataError(f"{what}: no class names; expected at least one")
+    seen: set[str] = set()
+    for position, name in enumerate(names):
+        if not isinstance(name, str) or not name or len(name) > MAX_CLASS_NAME_CHARS:
+            shown = repr(name)[:80]
+            raise DataError(f"{what}: class {position} is {shown}; expected a non-empty name of at most "
+                            f"{MAX_CLASS_NAME_CHARS} characters")
+        if name in seen:
+            raise DataError(f"{what}: class name {name[:80]!r} appears more than once; each class must be listed "
+                            f"once")
+        seen.add(name)
+    return names
 
 
 class MapRecords(Dataset):
