@@ -5,7 +5,8 @@ class index as text) or `KEY.json` (`{"label": N}` or N). `wds:` names
 - a folder written by `resmlp data shards`: its index.json lists each split's shards with their record counts
   and sizes, and the class names;
 - or a pattern, brace-expanded (`/data/train-{000000..000146}.tar`); `{split}` in it stands for train, val
-  and test (`/data/{split}-{000000..000146}.tar`), else the shards are the train split. An index.json beside
+  (or timm's and the Hugging Face Hub's `validation`, `valid`) and test (`/data/{split}-{000000..000146}.tar`),
+  else the shards are the train split. An index.json beside
   the shards gives the counts and class names; without one, data.class_map names the classes and
   data.epoch_length the training records per epoch.
 Sharding, shuffling and resume: resmlp.data.sources.streams. A member that can't be used (no image, no label, a label
@@ -39,6 +40,8 @@ IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
 # split into a few hundred thousand shards; a pattern naming more is a typo ({0..99999999}) whose expansion
 # alone (braceexpand builds lists) would take minutes and gigabytes.
 MAX_SHARDS = 1_000_000
+# what `{split}` stands for: ours, and the names timm's --val-split and Hugging Face datasets give the val split
+SPLIT_NAMES = {"train": ("train",), "val": ("val", "validation", "valid"), "test": ("test",)}
 _LABEL = re.compile(r"-?[0-9]{1,18}")  # ASCII digits only: str.isdigit accepts '²', which int() refuses
 _RANGE = re.compile(r"(-?[0-9]+)\.\.(-?[0-9]+)(?:\.\.(-?[0-9]+))?")
 
@@ -209,8 +212,13 @@ def _pattern(spec: SourceSpec, length: int | None, class_map: str | None) -> Sou
     if named > MAX_SHARDS:
         raise DataError(f"{pattern} names {named:,} shards, more than the {MAX_SHARDS:,} accepted; check the "
                         "brace range (e.g. {000000..000146})")
-    found = {split: list(braceexpand.braceexpand(pattern.replace("{split}", split))) for split in splits}
-    found = {split: paths for split, paths in found.items() if any(os.path.isfile(p) for p in paths)}
+    found = {}
+    for split in splits:
+        for name in SPLIT_NAMES[split]:
+            paths = list(braceexpand.braceexpand(pattern.replace("{split}", name)))
+            if any(os.path.isfile(p) for p in paths):
+                found[split] = paths
+                break
     if "train" not in found:
         raise FileNotFoundError(f"no shard of {pattern} exists" + (" for the train split" if len(splits) > 1 else ""))
     missing = [p for paths in found.values() for p in paths if not os.path.isfile(p)]
