@@ -143,3 +143,15 @@ def test_in_memory_sources_become_png_shards_that_decode_to_the_same_pixels(shar
     assert len(got) == 16
     for index, (pixels, label) in got.items():
         assert np.array_equal(pixels, arrays.images[index]) and label == arrays.labels[index]
+
+
+@pytest.mark.parametrize("val_name", ["validation", "valid"])
+def test_split_in_a_pattern_stands_for_timms_and_the_hubs_val_names(shards, tmp_path, val_name):
+    for shard in shards.glob("*.tar"):
+        split, number = shard.name.split("-")
+        (tmp_path / f"{val_name if split == 'val' else split}-{number}").symlink_to(shard)
+    (tmp_path / "classes.txt").write_text("".join(f"class_{c}\n" for c in range(4)))
+    source = open_source(f"wds:{tmp_path}/{{split}}-{{000000..000003}}.tar", class_map=str(tmp_path / "classes.txt"),
+                         length=64)
+    assert "val" in source.splits
+    assert source.records("val").paths[0] == f"{tmp_path}/{val_name}-000000.tar"

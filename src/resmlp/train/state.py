@@ -106,6 +106,22 @@ def check_same_stream_layout(trainer: TrainerView, state: dict[str, Any]) -> Non
                          "resume it with the same, or the epoch would repeat and skip images")
 
 
+def _stream_shards(trainer: TrainerView) -> str | None:
+    """The digest of the training stream's shards (resmlp.data.sources.streams), None for map-style data."""
+    sampler = getattr(trainer, "sampler", None)
+    return sampler.stream.records.fingerprint() if isinstance(sampler, StreamPosition) else None
+
+
+def check_same_shards(trainer: TrainerView, state: dict[str, Any]) -> None:
+    """A mid-epoch resume skips the records already trained on by position: over shards rewritten since (same
+    counts and sizes, other records) it would skip and repeat other images, so another digest is refused."""
+    saved = state.get("stream_shards")
+    if state.get("step_in_epoch") and saved is not None and saved != _stream_shards(trainer):
+        raise ValueError(f"{trainer.state_path} stopped mid-epoch over shards that have changed since (names, sizes "
+                         "or modification times differ); restore them (copies keep their times with cp -p or "
+                         "rsync -a), or start a new run")
+
+
 def state_to_resume(out: Path, resume: bool | str | Path) -> Path | None:
     """The state file a run continues (resume True: OUT/last.pth), None for a new run; refuses to start a new
     run over an existing one."""
@@ -131,6 +147,7 @@ def snapshot(trainer: TrainerView) -> dict[str, Any]:
         step_in_epoch=trainer.step_in_epoch, global_step=trainer.global_step, history=trainer.history,
         best_top1=trainer.best_top1, best_epoch=trainer.best_epoch, epoch_totals=trainer.epoch_totals.clone(),
         world_size=trainer.info.world_size, steps_per_epoch=trainer.steps_per_epoch,
+        stream_shards=_stream_shards(trainer),
         wall_seconds=trainer.wall_before + time.perf_counter() - trainer.t0,
     )
 
@@ -140,6 +157,7 @@ def restore(trainer: TrainerView, state: dict[str, Any]) -> None:
     check_resumable(trainer.state_path, state["config"], trainer.cfg.to_dict())
     check_same_epochs(trainer, state)
     check_same_stream_layout(trainer, state)
+    check_same_shards(trainer, state)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     if trainer.ema is not None and state["ema"] is not None:

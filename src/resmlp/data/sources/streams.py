@@ -49,6 +49,11 @@ class ShardedRecords(StreamRecords):
     def read_shard(self, index: int) -> Iterator[tuple[str, Payload, int]]:
         raise NotImplementedError
 
+    def fingerprint(self) -> str | None:
+        """A digest of the shards as they are now (resmlp.train.state refuses a mid-epoch resume over other
+        shards); None where they can't be told apart."""
+        return None
+
     def __len__(self) -> int:
         if self.counts is not None:
             return int(sum(self.counts))

@@ -5,23 +5,30 @@ class index as text) or `KEY.json` (`{"label": N}` or N). `wds:` names
 - a folder written by `resmlp data shards`: its index.json lists each split's shards with their record counts
   and sizes, and the class names;
 - or a pattern, brace-expanded (`/data/train-{000000..000146}.tar`); `{split}` in it stands for train, val
-  and test (`/data/{split}-{000000..000146}.tar`), else the shards are the train split. An index.json beside
+  (or timm's and the Hugging Face Hub's `validation`, `valid`) and test (`/data/{split}-{000000..000146}.tar`),
+  else the shards are the train split. An index.json beside
   the shards gives the counts and class names; without one, data.class_map names the classes and
   data.epoch_length the training records per epoch.
 Sharding, shuffling and resume: resmlp.data.sources.streams. A member that can't be used (no image, no label, a label
 out of range) and a damaged shard's rest are skipped and counted; a shard whose size differs from the index
-(truncated) and a missing shard are refused before training, in one line.
+(truncated) and a missing shard are refused before training, in one line. A label that is not a plain number
+(a `.cls` of `²`, `--1` or thousands of digits, a `.json` nested past Python's recursion limit) is such a member.
+index.json is checked before use: a shard listed twice, a count that is negative or not an integer (true), and a
+class list that repeats a name or exceeds resmlp.data.records.MAX_CLASSES are refused in one line. A brace
+pattern's expansions are counted before it is expanded: more than MAX_SHARDS is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from resmlp.data.records import SPLITS, Payload, Source, SourceSpec, Unreadable, optional_module
+from resmlp.data.records import SPLITS, Payload, Source, SourceSpec, Unreadable, check_class_names, optional_module
 from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.errors import DataError
 from resmlp.fileio import read_json_object
@@ -29,6 +36,14 @@ from resmlp.fileio import read_json_object
 INDEX = "index.json"
 INDEX_FORMAT = "resmlp-webdataset-1"
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
+# The most shards a brace pattern may name. The largest public WebDataset sets (LAION-5B, DataComp-12.8B) are
+# split into a few hundred thousand shards; a pattern naming more is a typo ({0..99999999}) whose expansion
+# alone (braceexpand builds lists) would take minutes and gigabytes.
+MAX_SHARDS = 1_000_000
+# what `{split}` stands for: ours, and the names timm's --val-split and Hugging Face datasets give the val split
+SPLIT_NAMES = {"train": ("train",), "val": ("val", "validation", "valid"), "test": ("test",)}
+_LABEL = re.compile(r"-?[0-9]{1,18}")  # ASCII digits only: str.isdigit accepts '²', which int() refuses
+_RANGE = re.compile(r"(-?[0-9]+)\.\.(-?[0-9]+)(?:\.\.(-?[0-9]+))?")
 
 
 class ShardFiles(ShardedRecords):
@@ -38,6 +53,14 @@ class ShardFiles(ShardedRecords):
                  what: str) -> None:
         super().__init__(len(paths), counts, class_names, length, what)
         self.paths = paths
+
+    def fingerprint(self) -> str:
+        """A digest of the shards' names, sizes and modification times: a shard rewritten since differs."""
+        digest = hashlib.sha256()
+        for path in self.paths:
+            stat = os.stat(path)
+            digest.update(f"{os.path.basename(path)}\0{stat.st_size}\0{int(stat.st_mtime)}\0".encode())
+        return digest.hexdigest()
 
     def read_shard(self, index: int) -> Iterator[tuple[str, Payload, int]]:
         wds = optional_module("webdataset")
@@ -75,12 +98,12 @@ class ShardFiles(ShardedRecords):
 def _label(sample: dict) -> object:
     if "cls" in sample:
         text = sample["cls"].decode("utf-8", "replace").strip()
-        return int(text) if text.lstrip("-").isdigit() else Unreadable(f"its .cls {text[:40]!r} is not a number")
+        return int(text) if _LABEL.fullmatch(text) else Unreadable(f"its .cls {text[:40]!r} is not a class number")
     if "json" in sample:
         try:
             value = json.loads(sample["json"])
-        except ValueError:
-            return Unreadable("its .json member is not JSON")
+        except (ValueError, RecursionError):  # RecursionError: nested past the interpreter's limit
+            return Unreadable("its .json member is not JSON (or nested too deeply)")
         return value.get("label") if isinstance(value, dict) else value
     return Unreadable("no label member (.cls or .json)")
 
@@ -106,12 +129,60 @@ def read_index(path: Path) -> dict:
             or not all(isinstance(c, str) for c in classes) or not isinstance(splits, dict):
         raise DataError(f"{path} is not a shard index ({INDEX_FORMAT}: format, classes, splits); rewrite the shards "
                         "with resmlp data shards")
+    check_class_names(classes, str(path))
+    seen: set[str] = set()
     for split, shards in splits.items():
         if split not in SPLITS or not isinstance(shards, list) or not all(
                 isinstance(s, dict) and isinstance(s.get("name"), str) and "/" not in s["name"]
-                and isinstance(s.get("samples"), int) and isinstance(s.get("bytes"), int) for s in shards):
-            raise DataError(f"{path}: split {split!r} is not a list of shards {{name, samples, bytes}}")
+                and _count(s.get("samples")) and _count(s.get("bytes")) for s in shards):
+            raise DataError(f"{path}: split {split!r} is not a list of shards {{name, samples, bytes}} (counts: "
+                            "integers from 0)")
+        for shard in shards:
+            if shard["name"] in seen:
+                raise DataError(f"{path}: shard {shard['name']} is listed twice (its records would be read twice); "
+                                "rewrite the shards with resmlp data shards")
+            seen.add(shard["name"])
     return index
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def expansions(pattern: str) -> int:
+    """How many names braceexpand makes of `pattern`, counted without expanding it (an upper bound where
+    braces are escaped)."""
+    total, start = 1, 0
+    while (opening := pattern.find("{", start)) >= 0:
+        depth, end = 0, opening
+        for end in range(opening, len(pattern)):
+            depth += {"{": 1, "}": -1}.get(pattern[end], 0)
+            if depth == 0:
+                break
+        if depth:  # unbalanced: braceexpand leaves the rest as it is
+            return total
+        total *= _group_size(pattern[opening + 1:end])
+        start = end + 1
+    return total
+
+
+def _group_size(body: str) -> int:
+    if numbers := _RANGE.fullmatch(body):
+        if any(len(n) > 18 for n in numbers.groups() if n):
+            return MAX_SHARDS + 1
+        first, last, step = (int(n) if n else 1 for n in numbers.groups())
+        return abs(last - first) // max(abs(step), 1) + 1
+    if re.fullmatch(r"[A-Za-z]\.\.[A-Za-z]", body):
+        return abs(ord(body[-1]) - ord(body[0])) + 1
+    parts, depth, part = [], 0, ""
+    for char in body:
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(part)
+            part = ""
+        else:
+            part += char
+    return sum(expansions(p) for p in [*parts, part]) if parts else 1
 
 
 def _indexed(spec: SourceSpec, index_path: Path, length: int | None) -> Source:
@@ -137,8 +208,17 @@ def _pattern(spec: SourceSpec, length: int | None, class_map: str | None) -> Sou
 
     pattern = spec.arg
     splits = SPLITS if "{split}" in pattern else ("train",)
-    found = {split: list(braceexpand.braceexpand(pattern.replace("{split}", split))) for split in splits}
-    found = {split: paths for split, paths in found.items() if any(os.path.isfile(p) for p in paths)}
+    named = expansions(pattern.replace("{split}", "train"))
+    if named > MAX_SHARDS:
+        raise DataError(f"{pattern} names {named:,} shards, more than the {MAX_SHARDS:,} accepted; check the "
+                        "brace range (e.g. {000000..000146})")
+    found = {}
+    for split in splits:
+        for name in SPLIT_NAMES[split]:
+            paths = list(braceexpand.braceexpand(pattern.replace("{split}", name)))
+            if any(os.path.isfile(p) for p in paths):
+                found[split] = paths
+                break
     if "train" not in found:
         raise FileNotFoundError(f"no shard of {pattern} exists" + (" for the train split" if len(splits) > 1 else ""))
     missing = [p for paths in found.values() for p in paths if not os.path.isfile(p)]
@@ -152,7 +232,7 @@ def _pattern(spec: SourceSpec, length: int | None, class_map: str | None) -> Sou
         classes = index["classes"]
         counts = {s["name"]: s["samples"] for shards in index["splits"].values() for s in shards}
     elif class_map:
-        classes = read_class_map(class_map)
+        classes = check_class_names(read_class_map(class_map), class_map)
     else:
         raise DataError(f"{pattern}: no {INDEX} beside the shards names their classes; give them with "
                         "--set data.class_map=FILE (one class per line, its index the line number)")
