@@ -76,7 +76,8 @@ def open_source(spec: SourceSpec | str, **options: Any) -> Source:
     if spec.kind == "wds":
         from resmlp.data.sources.wds import wds_source
 
-        return wds_source(spec, length=options.get("length"), class_map=options.get("class_map"))
+        return wds_source(spec, length=options.get("length"), class_map=options.get("class_map"),
+                          index_cache=options.get("index_cache"))
     if spec.kind == "hf":
         from resmlp.data.sources.hf import hf_source
 

@@ -7,8 +7,10 @@ class index as text) or `KEY.json` (`{"label": N}` or N). `wds:` names
 - or a pattern, brace-expanded (`/data/train-{000000..000146}.tar`); `{split}` in it stands for train, val
   (or timm's and the Hugging Face Hub's `validation`, `valid`) and test (`/data/{split}-{000000..000146}.tar`),
   else the shards are the train split. An index.json beside
-  the shards gives the counts and class names; without one, data.class_map names the classes and
-  data.epoch_length the training records per epoch.
+  the shards gives the counts and class names;
+- a folder of shards other tools wrote (timm's `_info.json`, the Hub's names, none at all):
+  resmlp.data.sources.wds_census. Without an index, counts and classes nobody wrote down are counted once
+  from the shards' headers and labels (cached in the run's data_index/); data.class_map names the classes.
 Sharding, shuffling and resume: resmlp.data.sources.streams. A member that can't be used (no image, no label, a label
 out of range) and a damaged shard's rest are skipped and counted; a shard whose size differs from the index
 (truncated) and a missing shard are refused before training, in one line. A label that is not a plain number
@@ -30,12 +32,12 @@ from pathlib import Path
 
 from resmlp.data.records import SPLITS, Payload, Source, SourceSpec, Unreadable, check_class_names, optional_module
 from resmlp.data.sources.streams import ShardedRecords, checked_label
+from resmlp.data.sources.wds_census import IMAGE_SUFFIXES, census, discover, info_classes, info_splits
 from resmlp.errors import DataError
 from resmlp.fileio import read_json_object
 
 INDEX = "index.json"
 INDEX_FORMAT = "resmlp-webdataset-1"
-IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
 # The most shards a brace pattern may name. The largest public WebDataset sets (LAION-5B, DataComp-12.8B) are
 # split into a few hundred thousand shards; a pattern naming more is a typo ({0..99999999}) whose expansion
 # alone (braceexpand builds lists) would take minutes and gigabytes.
@@ -108,17 +110,57 @@ def _label(sample: dict) -> object:
     return Unreadable("no label member (.cls or .json)")
 
 
-def wds_source(spec: SourceSpec, length: int | None = None, class_map: str | None = None) -> Source:
-    """The splits of `spec.arg`: a folder with index.json, or a brace pattern (see the module doc)."""
+def wds_source(spec: SourceSpec, length: int | None = None, class_map: str | None = None,
+               index_cache: str | Path | None = None) -> Source:
+    """The splits of `spec.arg`: a folder with index.json, a folder of shards written by other tools
+    (resmlp.data.sources.wds_census), or a brace pattern (see the module doc)."""
     optional_module("webdataset")
     arg = spec.arg
     if os.path.isdir(arg):
         index_path = Path(arg) / INDEX
-        if not index_path.is_file():
-            raise FileNotFoundError(f"{arg} has no {INDEX}; name the shards with a pattern, e.g. "
-                                    f"wds:{arg}/train-{{000000..000009}}.tar, or write them with resmlp data shards")
-        return _indexed(spec, index_path, length)
-    return _pattern(spec, length, class_map)
+        if index_path.is_file():
+            return _indexed(spec, index_path, length)
+        return _foreign(spec, Path(arg), length, class_map, index_cache)
+    return _pattern(spec, length, class_map, index_cache)
+
+
+def _foreign(spec: SourceSpec, folder: Path, length: int | None, class_map: str | None,
+             index_cache: str | Path | None) -> Source:
+    """A folder of shards without index.json: timm's _info.json gives splits and counts, else the names give
+    the splits and one pass over the headers the counts (cached)."""
+    info = info_splits(folder, MAX_SHARDS)
+    found = {s: paths for s, (paths, _) in info.items()} if info else discover(folder, MAX_SHARDS)
+    for paths in found.values():
+        missing = [p for p in paths if not os.path.isfile(p)]
+        if missing:
+            raise DataError(f"shard {missing[0]} named by {folder}'s shard info is missing ({len(missing)} in all)")
+    counts = {s: lengths for s, (_, lengths) in info.items()} if info else {}
+    named = info_classes(folder) if info else None
+    return _made(spec, found, counts, class_map, named, length, index_cache)
+
+
+def _made(spec: SourceSpec, found: dict[str, list[str]], counts: dict[str, list[int]], class_map: str | None,
+          named: list[str] | int | None, length: int | None, index_cache: str | Path | None) -> Source:
+    """The splits' ShardFiles; counts and classes no file gave counted from the shards (wds_census)."""
+    from resmlp.data.sources.imagenet import read_class_map
+
+    largest = -1
+    for split, paths in found.items():
+        if split not in counts or (class_map is None and named is None):
+            counts[split], top = census(paths, index_cache)
+            largest = max(largest, top)
+    if class_map:
+        classes = check_class_names(read_class_map(class_map), class_map)
+    elif isinstance(named, list):
+        classes = check_class_names(named, f"{spec} shard info")
+    else:
+        total = named if isinstance(named, int) else largest + 1
+        if total < 1:
+            raise DataError(f"{spec}: no record has a class label (.cls or .json); give the classes with "
+                            "--set data.class_map=FILE")
+        classes = check_class_names([str(c) for c in range(total)], f"{spec} labels")
+    return Source(spec, {split: ShardFiles(paths, counts[split], classes, length if split == "train" else None,
+                                           f"{spec} {split}") for split, paths in found.items()})
 
 
 def read_index(path: Path) -> dict:
@@ -201,10 +243,9 @@ def _indexed(spec: SourceSpec, index_path: Path, length: int | None) -> Source:
     return Source(spec, made)
 
 
-def _pattern(spec: SourceSpec, length: int | None, class_map: str | None) -> Source:
+def _pattern(spec: SourceSpec, length: int | None, class_map: str | None,
+             index_cache: str | Path | None) -> Source:
     import braceexpand
-
-    from resmlp.data.sources.imagenet import read_class_map
 
     pattern = spec.arg
     splits = SPLITS if "{split}" in pattern else ("train",)
@@ -226,19 +267,13 @@ def _pattern(spec: SourceSpec, length: int | None, class_map: str | None) -> Sou
         raise DataError(f"shard {missing[0]} of {pattern} is missing ({len(missing)} in all); fix the pattern or "
                         "restore the shards")
     beside = Path(found["train"][0]).parent / INDEX
-    counts: dict[str, int] = {}
-    if beside.is_file():
-        index = read_index(beside)
-        classes = index["classes"]
-        counts = {s["name"]: s["samples"] for shards in index["splits"].values() for s in shards}
-    elif class_map:
-        classes = check_class_names(read_class_map(class_map), class_map)
-    else:
-        raise DataError(f"{pattern}: no {INDEX} beside the shards names their classes; give them with "
-                        "--set data.class_map=FILE (one class per line, its index the line number)")
+    if not beside.is_file():
+        return _made(spec, found, {}, class_map, None, length, index_cache)
+    index = read_index(beside)
+    counts = {s["name"]: s["samples"] for shards in index["splits"].values() for s in shards}
     made = {}
     for split, paths in found.items():
         known = [counts.get(Path(p).name) for p in paths]
-        made[split] = ShardFiles(paths, known if None not in known else None, classes,
+        made[split] = ShardFiles(paths, known if None not in known else None, index["classes"],
                                  length if split == "train" else None, f"{spec} {split}")
     return Source(spec, made)
