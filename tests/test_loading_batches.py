@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
+import runpy
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -102,3 +105,15 @@ def test_erasing_on_the_device_draws_as_timm_erases_per_image():
         assert abs(ours.gt(0).float().mean() - theirs.gt(0).float().mean()) < 0.1  # which images are erased
         assert abs(ours.mean() - theirs.mean()) < 0.05  # how much of an image
     assert 0.4 < on_device.gt(0).float().mean() < 0.6
+
+
+def test_the_uint8_transport_benchmark_runs_at_tiny_size(tmp_path, monkeypatch):
+    script = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "uint8_transport.py"))
+    script["make_folder"](tmp_path / "jpegs", 8, size=(20, 24))
+    monkeypatch.setattr(sys, "argv", ["uint8_transport.py", "--folder", str(tmp_path / "jpegs"), "--batch", "2",
+                                      "--batches", "1", "--img-size", "16", "--json", str(tmp_path / "out.json")])
+    script["main"]()
+    results = json.loads((tmp_path / "out.json").read_text())["results"]
+    sent = {name: row["bytes_per_image"] for name, row in results.items()}
+    assert sent == {"float32 from the workers": 4 * 3 * 16 * 16, "uint8 from the workers": 3 * 16 * 16,
+                    "timm prefetcher loader": 3 * 16 * 16}
