@@ -26,12 +26,19 @@ class DeviceFinish:
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], reprob: float) -> None:
         self.mean, self.std, self.reprob = tuple(mean), tuple(std), reprob
+        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        shape, device = (1, len(self.mean), 1, 1), images.device
-        mean = torch.tensor([255 * m for m in self.mean], device=device).view(shape)
-        std = torch.tensor([255 * s for s in self.std], device=device).view(shape)
+        mean, std = self._on(images.device)
         finished = images.float().sub_(mean).div_(std)
         if self.reprob > 0:
-            RandomErasing(self.reprob, mode="pixel", max_count=1, device=device)(finished)
+            RandomErasing(self.reprob, mode="pixel", max_count=1, device=images.device)(finished)
         return finished
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """255 mean and 255 std on `device`, copied there in one copy, once (not per batch)."""
+        if device not in self._constants:
+            both = torch.tensor([[255 * m for m in self.mean], [255 * s for s in self.std]], device=device)
+            shape = (1, len(self.mean), 1, 1)
+            self._constants[device] = (both[0].view(shape), both[1].view(shape))
+        return self._constants[device]
