@@ -25,6 +25,7 @@ read; consumers skip and count it (resmlp.data.loading.samplers.collate_skipping
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +126,22 @@ class ArrayRecords(MapRecords):
 class Unreadable(str):
     """The payload of a streamed record that can't be read (a corrupt tar member, a member without a label, a
     label out of range, a shard that ended early): the string says why. Consumers skip and count it."""
+
+
+def skip_unreadable(what: object, why: object) -> None:
+    """None, the item of a record that can't be read, after the one warning that names it and says why: every
+    reader (the per-image path, the device path's workers and its decoder) skips unreadable records here."""
+    warnings.warn(f"skipping unreadable image {what}: {why}", stacklevel=3)
+
+
+def readable(batch: list) -> list:
+    """The items of a batch that could be read (not None); DataError when none could (a dataset gone bad,
+    not a few bad files). The batch's skip count is len(batch) - len(readable(batch))."""
+    good = [item for item in batch if item is not None]
+    if not good:
+        raise DataError(f"every image of a batch ({len(batch)}) was unreadable (see the warnings above); check the "
+                        "dataset files")
+    return good
 
 
 @dataclass

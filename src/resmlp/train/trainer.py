@@ -20,14 +20,11 @@ from timm.optim import create_optimizer_v2
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
 from resmlp import reporting
 from resmlp.checkpoint import save
-from resmlp.data.device.batch_augment import array_batches
 from resmlp.data.loading.assemble import build_data
-from resmlp.data.loading.loaders import epoch_sampler, train_loader
-from resmlp.data.loading.prefetch import DevicePrefetcher
+from resmlp.data.loading.batches import TrainBatches
 from resmlp.models.fused_block import set_fused_training
 from resmlp.runtime import (
     DistInfo,
@@ -35,9 +32,7 @@ from resmlp.runtime import (
     autocast,
     barrier,
     compile_module,
-    data_workers,
     grad_scaler,
-    is_accelerator,
     resolve_amp,
 )
 from resmlp.train.config import TrainConfig
@@ -86,9 +81,10 @@ class Trainer:
         set_fused_training(self.model, t.fused_step)
         if t.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.sampler = epoch_sampler(self.data.train, t.seed, info.world_size, info.rank, cfg.data.repeated_aug,
-                                     self.micro_batch, cfg.data.num_workers)
-        self.steps_per_epoch = len(self.sampler) // (self.micro_batch * t.grad_accum)
+        self.train_batches = TrainBatches(self.data, t.seed, info.world_size, info.rank, cfg.data.repeated_aug,
+                                          self.micro_batch, cfg.data.num_workers, device, t.channels_last)
+        self.sampler = self.train_batches.sampler  # resmlp.train.state reads a stream's position from it
+        self.steps_per_epoch = len(self.train_batches) // (self.micro_batch * t.grad_accum)
         if self.steps_per_epoch == 0:
             raise ValueError(f"the training set ({len(self.data.train)} images) is smaller than one global "
                              f"batch ({t.batch_size}); lower train.batch_size")
@@ -104,7 +100,6 @@ class Trainer:
             self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
         self.guard = UpdateGuard(self.model, self.optimizer, device)
         self.totals = RunningTotals(device)  # on the device; read once per log interval
-        self._loader: DataLoader | None = None  # built once: its workers persist across epochs
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.history: list[dict[str, Any]] = []
         self.best_top1, self.best_epoch = -1.0, -1
@@ -154,10 +149,9 @@ class Trainer:
 
     def _train_epoch(self) -> None:
         t = self.cfg.train
-        self.sampler.set_position(self.epoch, self.step_in_epoch * self.micro_batch * t.grad_accum)
         self.train_model.train()
         bar = self._progress_bar()
-        micro_batches = self._micro_batches()
+        micro_batches = self.train_batches.batches(self.epoch, self.step_in_epoch * self.micro_batch * t.grad_accum)
         epoch_start, images_seen = time.perf_counter(), 0
         self.totals.reset()
         self.loss_before = self.epoch_totals[0].item()  # a resumed epoch's loss sum so far (host tensor)
@@ -226,23 +220,6 @@ class Trainer:
             self.epoch_totals[2] += skipped
             images_seen += len(targets)
         return step_loss, images_seen
-
-    def _micro_batches(self) -> Iterator[tuple[Any, torch.Tensor, int]]:
-        """(images, targets, skipped) of this rank from the sampler's position, on the training device: whole
-        in-memory batches augmented where the model runs (the dataset kept on a GPU), or a DataLoader applying
-        the per-image transform in workers that persist across epochs, the next batch copied ahead."""
-        device, t = self.info.device, self.cfg.train
-        if self.data.train_augment is not None:
-            batches = array_batches(self.data.train, self.sampler, self.micro_batch, self.data.train_augment,
-                                    device=device if is_accelerator(device) else None)
-        else:  # a DataLoader; data.pipeline=device: its workers read, the batch is decoded where the model is
-            pipeline, workers = self.data.train_pipeline, data_workers(self.cfg.data.num_workers)  # usable cores
-            if self._loader is None:
-                self._loader = (pipeline.loader(self.sampler, self.micro_batch, workers, device) if pipeline else
-                                train_loader(self.data.train, self.sampler, self.micro_batch, workers,
-                                             is_accelerator(device)))
-            batches = pipeline.batches(self._loader) if pipeline else self._loader
-        return DevicePrefetcher(batches, device, t.channels_last)
 
     def _progress_bar(self):
         if not (self.cfg.train.progress and self.info.is_main):

@@ -35,7 +35,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from resmlp.data.images import check_image_size, decode_image, max_image_pixels
 from resmlp.data.loading.samplers import sample_seed
-from resmlp.data.records import Unreadable
+from resmlp.data.records import Unreadable, readable, skip_unreadable
 from resmlp.errors import DataError
 from resmlp.runtime import copy_to
 
@@ -109,8 +109,7 @@ def encoded_item(payload: Any, label: int, key: tuple, what: str, in_chans: int,
                 return reduced_jpeg(bytes(payload), in_chans, share, what), False, int(label), sample_seed(key)
         return pixels(payload, in_chans, max_pixels, what, share), False, int(label), sample_seed(key)
     except DataError as e:
-        warnings.warn(f"skipping unreadable image {what}: {e}", stacklevel=2)
-        return None
+        return skip_unreadable(what, e)
 
 
 class EncodedDataset(torch.utils.data.Dataset):
@@ -129,8 +128,7 @@ class EncodedDataset(torch.utils.data.Dataset):
         try:
             payload, label = self.records[index]
         except DataError as e:
-            warnings.warn(f"skipping unreadable image {what}: {e}", stacklevel=2)
-            return None
+            return skip_unreadable(what, e)
         return encoded_item(payload, label, key, what, self.in_chans, self.max_pixels, self.share)
 
 
@@ -146,8 +144,7 @@ class EncodedStream(torch.utils.data.IterableDataset):
     def __iter__(self):
         for key, payload, label in self.stream.records.samples(self.stream.plan):
             if isinstance(payload, Unreadable):
-                warnings.warn(f"skipping unreadable image {key[3]}: {payload}", stacklevel=2)
-                yield None
+                yield skip_unreadable(key[3], payload)
                 continue
             yield encoded_item(payload, label, key, str(key[3]), self.in_chans, self.max_pixels, self.share)
 
@@ -171,10 +168,7 @@ class EncodedBatch:
 
 def collate_encoded(batch: list) -> EncodedBatch:
     """EncodedDataset items -> EncodedBatch; unreadable ones (None) dropped and counted."""
-    good = [item for item in batch if item is not None]
-    if not good:
-        raise DataError(f"every image of a batch ({len(batch)}) was unreadable (see the warnings above); check the "
-                        "dataset files")
+    good = readable(batch)
     jpegs = [payload for payload, on_device, _, _ in good if on_device]
     buffer = torch.from_numpy(np.frombuffer(b"".join(jpegs), dtype=np.uint8).copy())
     lengths = [len(payload) if on_device else -1 for payload, on_device, _, _ in good]
@@ -238,9 +232,7 @@ def _pil_fallback(chunk: torch.Tensor, in_chans: int, device: torch.device) -> t
     try:
         array = pixels(chunk.numpy().tobytes(), in_chans, None, "record")
     except DataError as e:
-        warnings.warn(f"skipping unreadable image (a JPEG whose data decode_jpeg and PIL both refuse): {e}",
-                      stacklevel=3)
-        return None
+        return skip_unreadable("(a JPEG whose data decode_jpeg and PIL both refuse)", e)
     return _chw(copy_to(torch.from_numpy(np.array(array, copy=True)), device))
 
 

@@ -24,6 +24,7 @@ from resmlp.data.device.batch_augment import BatchAugment
 from resmlp.data.device.decode import EncodedDataset, EncodedStream
 from resmlp.data.device.multi_crop import MultiCropAugment
 from resmlp.data.device.pipeline import DevicePipeline
+from resmlp.data.loading.finish import DeviceFinish
 from resmlp.data.per_image.decoded import decoded
 from resmlp.data.per_image.folder import class_folder_records
 from resmlp.data.records import MapRecords, Source, SourceSpec
@@ -49,6 +50,7 @@ class RunData:
     test_batched: BatchAugment | None = None
     train_pipeline: DevicePipeline | None = None  # set: train is an EncodedDataset decoded on the device
     pipeline: str = "timm"  # the training data path, for summary.json
+    train_finish: DeviceFinish | None = None  # set: train's transform ends in uint8, finished on the device
 
     def pipeline_summary(self) -> dict[str, Any]:
         """How the training images were decoded and augmented (summary.json's data_pipeline)."""
@@ -93,8 +95,11 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
     def permuted(transform):
         return with_permutation(transform, d.permute, img_size, d.permute_patch, d.permute_seed)
 
+    # the recipe's timm transform sends uint8 and is finished on the device (timm's prefetcher); a permutation
+    # acts on normalised pixels and a task's own transform (DINO's views) on its own terms: those stay float
+    uint8 = train_transform is None and d.permute == "none"
     train_tf = (train_transform(pre) if train_transform else
-                pre.train_transform(d.scale, d.ratio, d.hflip, d.color_jitter, d.auto_augment, d.reprob))
+                pre.train_transform(d.scale, d.ratio, d.hflip, d.color_jitter, d.auto_augment, d.reprob, uint8))
     eval_tf = permuted(pre.eval_transform())
     train, val = decoded(splits.train, in_chans, permuted(train_tf)), decoded(splits.val, in_chans, eval_tf)
     test = val if splits.test is splits.val else (
@@ -122,6 +127,8 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
         val_batched = pre.batched_eval(*val.images.shape[1:3], after=permutation)
         test_batched = (pre.batched_eval(*test.images.shape[1:3], after=permutation)
                         if isinstance(test, ArrayDataset) else None)
+    finish = DeviceFinish(pre.mean, pre.std, d.reprob) if uint8 and augment is None and pipeline is None else None
     return RunData(train, val, test, train_eval, list(splits.train.class_names), pre, splits.validation, augment,
                    val_batched, test_batched, pipeline, "device" if pipeline or isinstance(
-                       augment, (DeviceAugment, MultiCropAugment)) else "batched" if augment is not None else "timm")
+                       augment, (DeviceAugment, MultiCropAugment)) else "batched" if augment is not None else "timm",
+                   finish)

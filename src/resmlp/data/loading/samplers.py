@@ -22,7 +22,7 @@ import torch
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import Dataset, DistributedSampler, Sampler, default_collate
 
-from resmlp.errors import DataError
+from resmlp.data.records import readable
 
 
 class ResumableSampler(Sampler):
@@ -116,9 +116,6 @@ def sample_seed(key: tuple[int, int, int, int]) -> int:
 
 def collate_skipping(batch: list) -> tuple[torch.Tensor, torch.Tensor, int]:
     """default_collate of the readable samples, plus how many were dropped as unreadable (None)."""
-    good = [sample for sample in batch if sample is not None]
-    if not good:
-        raise DataError(f"every image of a batch ({len(batch)}) was unreadable (see the warnings above); check the "
-                        "dataset files")
+    good = readable(batch)
     images, targets = default_collate(good)
     return images, targets, len(batch) - len(good)

@@ -8,7 +8,6 @@ transform fails is a bug in the transform, not a bad file: it is raised, naming 
 from __future__ import annotations
 
 import random
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +19,15 @@ from torch.utils.data import Dataset, IterableDataset
 from resmlp.data.arrays import ArrayDataset, _pil_mode
 from resmlp.data.images import decode_image
 from resmlp.data.loading.samplers import sample_seed
-from resmlp.data.records import ArrayRecords, MapRecords, Payload, StreamPlan, StreamRecords, Unreadable
+from resmlp.data.records import (
+    ArrayRecords,
+    MapRecords,
+    Payload,
+    StreamPlan,
+    StreamRecords,
+    Unreadable,
+    skip_unreadable,
+)
 from resmlp.errors import DataError
 
 
@@ -39,8 +46,7 @@ def load(records: Any, index: int, mode: str, max_pixels: int | None, transform:
         payload, label = records[index]
         image = to_image(payload, mode, max_pixels, what)
     except DataError as e:
-        warnings.warn(f"skipping unreadable image {what}: {e}", stacklevel=2)
-        return None
+        return skip_unreadable(what, e)
     return _transformed(image, label, transform, what)
 
 
@@ -50,8 +56,7 @@ def _transformed(image: Image.Image, label: int, transform: Callable | None, wha
     try:
         return transform(image), label
     except DataError as e:  # too large once resized (Preprocess's guard): unreadable like a corrupt file
-        warnings.warn(f"skipping unreadable image {what}: {e}", stacklevel=3)
-        return None
+        return skip_unreadable(what, e)
     except Exception as e:
         raise RuntimeError(f"the transform failed on the readable image {what}: {type(e).__name__}: {e}") from e
 
@@ -115,8 +120,7 @@ class DecodedStream(IterableDataset):
         for key, payload, label in self.records.samples(self.plan):
             what = str(key[3])
             if isinstance(payload, Unreadable):
-                warnings.warn(f"skipping unreadable image {what}: {payload}", stacklevel=2)
-                yield None
+                yield skip_unreadable(what, payload)
                 continue
             seed = sample_seed(key)
             random.seed(seed)
@@ -125,8 +129,7 @@ class DecodedStream(IterableDataset):
             try:
                 image = to_image(payload, self.mode, None, what)
             except DataError as e:
-                warnings.warn(f"skipping unreadable image {what}: {e}", stacklevel=2)
-                yield None
+                yield skip_unreadable(what, e)
                 continue
             yield _transformed(image, label, self.transform, what)
 
