@@ -196,7 +196,7 @@ class DeviceAugment:
         size = (self.img_size, self.img_size)
         crops = []
         for image, (top, left, h, w) in zip(images, boxes, strict=True):
-            crop = _channels(image[:, top:top + h, left:left + w].unsqueeze(0), self.in_chans)
+            crop = model_channels(image[:, top:top + h, left:left + w].unsqueeze(0), self.in_chans)
             if self.interpolation == "nearest":
                 crops.append(F.interpolate(crop, size=size, mode="nearest-exact"))
             else:
@@ -305,8 +305,8 @@ def _shapes(images: list[torch.Tensor] | torch.Tensor) -> np.ndarray:
     return np.array([image.shape for image in images], dtype=np.int64).reshape(-1, 3)
 
 
-def _channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
-    """(1, C, H, W) uint8 with the model's channel count: RGB -> 'L' by PIL's weights, grey -> RGB."""
+def model_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """(N, C, H, W) uint8 with the model's channel count: RGB -> 'L' by PIL's weights, grey -> RGB."""
     if x.shape[1] == 3 and in_chans == 1:
         return ra.luminance(x.float()).to(torch.uint8)
     if x.shape[1] == 1 and in_chans == 3:

@@ -40,7 +40,6 @@ from torchvision.transforms.v2 import functional as TF
 from torchvision.transforms.v2.functional._color import _rgb_to_hsv
 
 from resmlp.data.device import augment as da
-from resmlp.data.device import rand_augment as ra
 from resmlp.data.device.resample import pad_batch, resample_weights, taps_bound
 from resmlp.errors import ConfigError
 from resmlp.runtime import copy_to
@@ -128,7 +127,7 @@ class MultiCropAugment:
         groups = self._groups()
         steps = [jitter_plan(plan["rows"][first:last].reshape(-1, ROW), self.in_chans) for _, first, last in groups]
         rows, boxes, shapes_there, jitter = self._upload(plan, shapes, steps, device)
-        batch, sizes_there = _channels(_batch(images, shapes, shapes_there), self.in_chans), shapes_there[:, 1:]
+        batch, sizes_there = da.model_channels(_batch(images, shapes, shapes_there), self.in_chans), shapes_there[:, 1:]
         out = []
         for (size, first, last), group_steps in zip(groups, jitter, strict=True):
             x = (resized_views_cpu(batch, plan["boxes"][first:last], size)
@@ -337,12 +336,3 @@ def _batch(images: list[torch.Tensor] | torch.Tensor, shapes: np.ndarray, shapes
     if (shapes == shapes[0]).all():
         return torch.stack(images)
     return pad_batch(images, shapes_there.long(), tuple(int(v) for v in shapes.max(0)))
-
-
-def _channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
-    """(N, C, H, W) uint8 with the model's channel count: RGB -> 'L' by PIL's weights, grey -> RGB."""
-    if x.shape[1] == 3 and in_chans == 1:
-        return ra.luminance(x.float()).to(torch.uint8)
-    if x.shape[1] == 1 and in_chans == 3:
-        return x.expand(-1, 3, -1, -1)
-    return x
