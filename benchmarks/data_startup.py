@@ -126,7 +126,7 @@ def make_train_tar(root: Path, classes: int, images: int) -> Path:
     with tarfile.open(path, "x") as outer:  # "x": a fresh file, never through a planted link
         for c in range(classes):
             inner = io.BytesIO()
-            with tarfile.open(fileobj=inner, mode="w") as class_tar:
+            with tarfile.TarFile(fileobj=inner, mode="w") as class_tar:  # in memory: no path written
                 for i in range(images):
                     _add(class_tar, f"n{c:08d}_{i}.JPEG", jpeg.getvalue())
             _add(outer, f"n{c:08d}.tar", inner.getvalue())

@@ -179,27 +179,33 @@ def test_seeded_dataset_repeats_augmentation_for_the_same_key():
     assert torch.equal(first, again) and not torch.equal(first, other)
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_repeated_augmentation_on_few_processes_keeps_copies_out_of_one_batch(world_size):
-    """DeiT dealt the 3 copies of an image to 3 GPUs; on fewer processes than repeats no batch may hold two
-    copies of one image (they would share one Mixup lambda and CutMix box), and every image keeps its number of
-    copies in the epoch's share (timm's RepeatAugSampler's selection), exactly resumable."""
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_repeated_augmentation_keeps_copies_out_of_one_batch_on_any_process_count(world_size):
+    """timm's sampler puts the 3 copies of an image side by side (DeiT dealt them to 3 GPUs); here no rank's batch
+    holds two copies of one image (they would share one Mixup lambda and CutMix box) on 1, 2 or 4 processes, the
+    epoch keeps timm's images and counts, and it is exactly resumable."""
     from timm.data.distributed_sampler import RepeatAugSampler
 
-    ds, batch = list(range(96)), 16
-    for rank in range(world_size):
-        for epoch in (0, 1):
+    ds, global_batch = list(range(96)), 16
+    for epoch in (0, 1):
+        ours, timms = [], []
+        for rank in range(world_size):
             sampler = ResumableSampler(ds, seed=3, world_size=world_size, rank=rank, repeats=3)
             sampler.set_position(epoch)
             order = [key[3] for key in sampler]
             timm_share = RepeatAugSampler(ds, num_replicas=world_size, rank=rank, num_repeats=3)
             timm_share.set_epoch(3 * 100_003 + epoch)
-            assert sorted(order) == sorted(timm_share)  # the same images, as often
-            timm_order = list(timm_share)
-            assert any(a == b for a, b in zip(timm_order, timm_order[1:], strict=False))  # timm's: copies adjacent
+            ours += order
+            timms += list(timm_share)
+            batch = global_batch // world_size
             for start in range(0, len(order), batch):
                 chunk = order[start:start + batch]
                 assert len(set(chunk)) == len(chunk), (rank, epoch, start, chunk)
             resumed = ResumableSampler(ds, seed=3, world_size=world_size, rank=rank, repeats=3)
             resumed.set_position(epoch, skip=7)
             assert [key[3] for key in resumed] == order[7:]
+        assert sorted(ours) == sorted(timms)  # the same images, as often, as timm's sampler deals them
+        one = RepeatAugSampler(ds, num_replicas=1, rank=0, num_repeats=3)
+        one.set_epoch(epoch)
+        timm_order = list(one)
+        assert any(a == b for a, b in zip(timm_order, timm_order[1:], strict=False))  # timm's: copies adjacent

@@ -315,8 +315,6 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     mcfg = cfg.model_config(len(tok))
     src_ids, tgt_ids = encode_pairs(tok, train_src, train_tgt, mcfg.max_len, mcfg.source_eos, "train")
     vsrc, vtgt = encode_pairs(tok, valid_src, valid_tgt, mcfg.max_len, mcfg.source_eos, "valid")
-    if info.is_main:  # what the run's numbers mean in this corpus, before hours are spent on them
-        print(corpus_budget_line(cfg, src_ids, tgt_ids, mcfg.source_eos, world), file=sys.stderr, flush=True)
 
     model = build_translation_model(mcfg).to(device)  # before the optimizer: its state lives on the device
     opt, sched = make_optimizer(model, cfg)
@@ -338,6 +336,8 @@ def _train(cfg: TranslationConfig, info: DistInfo, out: Path, resume: bool) -> d
     loss_fn = nn.CrossEntropyLoss(ignore_index=0, label_smoothing=cfg.label_smoothing, reduction="sum")
     # the rows a killed run logged after its checkpoint are dropped: the resumed run logs those steps again
     run_log = RunLog(out, step if ckpt is not None else None) if info.is_main else None
+    if info.is_main:  # what the run's numbers mean in this corpus, before hours are spent (after a resume's checks)
+        print(corpus_budget_line(cfg, src_ids, tgt_ids, mcfg.source_eos, world), file=sys.stderr, flush=True)
 
     budget = cfg.max_minutes * 60
     first_step = step + 1  # this run's first step (a resume's too) logs at once: the run is seen to be working

@@ -5,11 +5,15 @@ distributed), skips the samples already consumed in the current epoch, and hands
 (seed, epoch, global position). `SeededDataset` seeds the augmentation RNGs from that key, so a sample
 gets the same augmentation whatever the number of processes, data-loader workers or restarts.
 
-Repeated augmentation on fewer processes than repeats: timm's RepeatAugSampler (DeiT's RASampler) deals the
-copies of an image to consecutive ranks, so on DeiT's 8+ GPUs they land in different batches; on one process
-they would stand side by side in one batch, sharing one Mixup lambda, one CutMix box and mostly one partner.
-There `spread_copies` reorders each rank's share (the same images, each as often) so that no batch holds two
-copies of one image (for batches up to half the images of the share).
+Repeated augmentation: timm's RepeatAugSampler (DeiT's RASampler) puts the copies of an image side by side in
+its global order and deals them to consecutive ranks, so on DeiT's 8+ GPUs they land in one step on different
+GPUs; on one or two processes they would share a batch, and with it one Mixup lambda, one CutMix box and mostly
+one partner. `spread_copies` reorders the epoch's global order (the same images, each as often) so that copies
+stand far apart, then the ranks take it round-robin: no batch holds two copies on any number of processes (for
+global batches up to half the epoch's distinct images), and the global order is the same for every process
+count, so a run resumes at another count. The price: on 8 GPUs the copies fall in different steps, not one.
+The first author says the placement across GPUs matters for BatchNorm only ("with the layer-norm it should
+have no impact", facebookresearch/deit#95); ResMLP has no BatchNorm.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ class ResumableSampler(Sampler):
         else:
             self.inner = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
         self.epoch, self.skip = 0, 0
-        self.spread = repeats > world_size  # copies would meet in one rank's batches: see the module doc
+        # repeated augmentation: the global order (timm's, one replica) spread, then dealt (see the module doc)
+        self.global_order = RepeatAugSampler(dataset, num_replicas=1, rank=0, num_repeats=repeats) \
+            if repeats > 1 else None
 
     def set_position(self, epoch: int, skip: int = 0) -> None:
         """Start of `epoch`, leaving out its first `skip` samples of this rank (already trained on)."""
@@ -43,9 +49,14 @@ class ResumableSampler(Sampler):
         # RepeatAugSampler seeds its permutation with the epoch alone; offset it so the run seed matters too
         offset = self.seed * 100_003 if isinstance(self.inner, RepeatAugSampler) else 0
         self.inner.set_epoch(offset + epoch)
+        if self.global_order is not None:
+            self.global_order.set_epoch(offset + epoch)
 
     def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
-        order = spread_copies(list(self.inner), hash((self.seed, self.epoch))) if self.spread else self.inner
+        order = self.inner
+        if self.global_order is not None:
+            spread = spread_copies(list(self.global_order), hash((self.seed, self.epoch)))
+            order = spread[self.rank::self.world_size][:len(self.inner)]
         for pos, index in enumerate(order):
             if pos >= self.skip:
                 # both wrapped samplers deal the global order round-robin: rank r takes r, r + W, r + 2W...
