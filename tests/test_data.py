@@ -181,9 +181,9 @@ def test_seeded_dataset_repeats_augmentation_for_the_same_key():
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_repeated_augmentation_keeps_copies_out_of_one_batch_on_any_process_count(world_size):
-    """timm's sampler puts the 3 copies of an image side by side (DeiT dealt them to 3 GPUs); here no rank's batch
-    holds two copies of one image (they would share one Mixup lambda and CutMix box) on 1, 2 or 4 processes, the
-    epoch keeps timm's images and counts, and it is exactly resumable."""
+    """No rank's batch holds two copies of one image (they would share one Mixup lambda and CutMix box) on 1, 2
+    (copies spread) or 4 processes (DeiT's placement: copies on different processes), the epoch keeps timm's
+    images and counts, and it is exactly resumable."""
     from timm.data.distributed_sampler import RepeatAugSampler
 
     ds, global_batch = list(range(96)), 16

@@ -13,6 +13,7 @@ import torch
 from resmlp.checkpoint import torch_load
 from resmlp.checkpoint_reader import check_int, check_state_dict
 from resmlp.data.loading.loaders import StreamPosition
+from resmlp.data.loading.samplers import SAME_STEP, SPREAD, ResumableSampler
 from resmlp.errors import CheckpointError
 from resmlp.fileio import atomic_write
 
@@ -137,6 +138,24 @@ def state_to_resume(out: Path, resume: bool | str | Path) -> Path | None:
     return path
 
 
+def _repeat_placement(trainer: TrainerView) -> str | None:
+    """Where the epoch in progress puts repeated copies (resmlp.data.loading.samplers), None without them."""
+    sampler = getattr(trainer, "sampler", None)
+    return sampler.placement_of(trainer.epoch) if isinstance(sampler, ResumableSampler) else None
+
+
+def keep_repeat_placement(trainer: TrainerView, state: dict[str, Any]) -> None:
+    """A resume mid-epoch at another process count finishes the epoch with the placement it started with (the
+    same images at the same global positions); the next epochs take the new count's."""
+    saved, sampler = state.get("repeat_placement"), getattr(trainer, "sampler", None)
+    if saved is None or not state["step_in_epoch"] or not isinstance(sampler, ResumableSampler):
+        return
+    if saved not in (SAME_STEP, SPREAD):
+        raise CheckpointError(f"{trainer.state_path}: repeat_placement must be {SAME_STEP!r} or {SPREAD!r}, got "
+                              f"{saved!r}; the file is damaged or was not written by resmlp train")
+    sampler.resumed_placement = (state["epoch"], saved)
+
+
 def snapshot(trainer: TrainerView) -> dict[str, Any]:
     """Everything a resume needs, from the trainer's public state."""
     return dict(
@@ -147,7 +166,7 @@ def snapshot(trainer: TrainerView) -> dict[str, Any]:
         step_in_epoch=trainer.step_in_epoch, global_step=trainer.global_step, history=trainer.history,
         best_top1=trainer.best_top1, best_epoch=trainer.best_epoch, epoch_totals=trainer.epoch_totals.clone(),
         world_size=trainer.info.world_size, steps_per_epoch=trainer.steps_per_epoch,
-        stream_shards=_stream_shards(trainer),
+        stream_shards=_stream_shards(trainer), repeat_placement=_repeat_placement(trainer),
         wall_seconds=trainer.wall_before + time.perf_counter() - trainer.t0,
     )
 
@@ -169,6 +188,7 @@ def restore(trainer: TrainerView, state: dict[str, Any]) -> None:
     trainer.global_step, trainer.history = state["global_step"], state["history"]
     trainer.best_top1, trainer.best_epoch = state["best_top1"], state["best_epoch"]
     trainer.epoch_totals = state["epoch_totals"]
+    keep_repeat_placement(trainer, state)
     trainer.wall_before = state["wall_seconds"]
     # the schedule is a function of the config and the step, so it is rebuilt rather than loaded: a resume
     # may extend schedule.epochs or lower optim.lr (check_resumable says which keys may change)

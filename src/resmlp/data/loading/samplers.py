@@ -5,15 +5,17 @@ distributed), skips the samples already consumed in the current epoch, and hands
 (seed, epoch, global position). `SeededDataset` seeds the augmentation RNGs from that key, so a sample
 gets the same augmentation whatever the number of processes, data-loader workers or restarts.
 
-Repeated augmentation: timm's RepeatAugSampler (DeiT's RASampler) puts the copies of an image side by side in
-its global order and deals them to consecutive ranks, so on DeiT's 8+ GPUs they land in one step on different
-GPUs; on one or two processes they would share a batch, and with it one Mixup lambda, one CutMix box and mostly
-one partner. `spread_copies` reorders the epoch's global order (the same images, each as often) so that copies
-stand far apart, then the ranks take it round-robin: no batch holds two copies on any number of processes (for
-global batches up to half the epoch's distinct images), and the global order is the same for every process
-count, so a run resumes at another count. The price: on 8 GPUs the copies fall in different steps, not one.
-The first author says the placement across GPUs matters for BatchNorm only ("with the layer-norm it should
-have no impact", facebookresearch/deit#95); ResMLP has no BatchNorm.
+Repeated augmentation (DeiT's RASampler, timm's RepeatAugSampler): timm puts the R copies of an image side by
+side in its global order (each epoch the first ~N positions of the shuffled images repeated R times: a third of
+the images at R=3, each three times) and deals the order round-robin to the ranks. With at least as many
+processes as repeats (DeiT's 8+ GPUs) the copies land in the same step on R different processes: that placement
+is kept exactly (`SAME_STEP`: rank r gets timm's indices, padded as timm pads, by wrapping). With fewer processes
+than repeats the adjacent copies would share one process's batch, and with it one Mixup lambda, one CutMix box
+and mostly one partner (Hoffer et al.'s repeated augmentation puts the copies in one batch of one BatchNorm
+model; DeiT never ran them inside one process's batch), so `spread_copies` reorders the same selected positions
+to keep copies out of one batch (`SPREAD`). Either order is a function of (seed, epoch, placement) and global
+positions are dealt round-robin, so a resume at another process count continues the epoch exactly: the epoch in
+progress keeps the placement it started with (recorded in the training state), later epochs take the new count's.
 """
 
 from __future__ import annotations
@@ -29,19 +31,36 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler, default_colla
 from resmlp.data.records import readable
 
 
+SAME_STEP, SPREAD = "same-step", "spread"  # the two placements of repeated copies (module doc)
+
+
+def repeat_placement(repeats: int, world_size: int) -> str | None:
+    """Where the copies of an image go: in one step on different processes when there are at least as many
+    processes as repeats (DeiT's), else spread out of any one batch; None without repeated augmentation."""
+    if repeats <= 1:
+        return None
+    return SAME_STEP if world_size >= repeats else SPREAD
+
+
 class ResumableSampler(Sampler):
     """Per-rank indices of one epoch, as keys (seed, epoch, global position, index); see module doc."""
 
     def __init__(self, dataset: Dataset, seed: int, world_size: int = 1, rank: int = 0, repeats: int = 0) -> None:
         self.seed, self.world_size, self.rank = seed, world_size, rank
         if repeats > 1:
+            # timm's per-rank count (its rounding and padding), the number of samples this rank deals
             self.inner = RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=repeats)
         else:
             self.inner = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
         self.epoch, self.skip = 0, 0
-        # repeated augmentation: the global order (timm's, one replica) spread, then dealt (see the module doc)
-        self.global_order = RepeatAugSampler(dataset, num_replicas=1, rank=0, num_repeats=repeats) \
-            if repeats > 1 else None
+        self.placement = repeat_placement(repeats, world_size)
+        self.resumed_placement: tuple[int, str] | None = None  # (epoch, placement) of a resumed epoch
+        if repeats > 1:
+            # the global orders (one replica): every image repeated (timm's whole sequence: selected_round=0 and
+            # a ratio of 1/R select all of it), and timm's selection of one epoch, which SPREAD reorders
+            self.every_copy = RepeatAugSampler(dataset, num_replicas=1, rank=0, num_repeats=repeats,
+                                               selected_round=0, selected_ratio=1 / repeats)
+            self.selected = RepeatAugSampler(dataset, num_replicas=1, rank=0, num_repeats=repeats)
 
     def set_position(self, epoch: int, skip: int = 0) -> None:
         """Start of `epoch`, leaving out its first `skip` samples of this rank (already trained on)."""
@@ -49,18 +68,28 @@ class ResumableSampler(Sampler):
         # RepeatAugSampler seeds its permutation with the epoch alone; offset it so the run seed matters too
         offset = self.seed * 100_003 if isinstance(self.inner, RepeatAugSampler) else 0
         self.inner.set_epoch(offset + epoch)
-        if self.global_order is not None:
-            self.global_order.set_epoch(offset + epoch)
+        if self.placement is not None:
+            self.every_copy.set_epoch(offset + epoch)
+            self.selected.set_epoch(offset + epoch)
+
+    def placement_of(self, epoch: int) -> str | None:
+        """The placement of `epoch`'s copies: a resumed epoch keeps the one it started with."""
+        if self.resumed_placement is not None and self.resumed_placement[0] == epoch:
+            return self.resumed_placement[1]
+        return self.placement
 
     def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
-        order = self.inner
-        if self.global_order is not None:
-            spread = spread_copies(list(self.global_order), hash((self.seed, self.epoch)))
-            order = spread[self.rank::self.world_size][:len(self.inner)]
-        for pos, index in enumerate(order):
+        placement = self.placement_of(self.epoch)
+        if placement is None:  # torch's DistributedSampler deals round-robin: rank r's share is at r, r + W, ...
+            keyed = ((pos * self.world_size + self.rank, index) for pos, index in enumerate(self.inner))
+        else:
+            order = list(self.every_copy) if placement == SAME_STEP else \
+                spread_copies(list(self.selected), hash((self.seed, self.epoch)))
+            positions = range(self.rank, len(self.inner) * self.world_size, self.world_size)
+            keyed = ((position, order[position % len(order)]) for position in positions)  # timm pads by wrapping
+        for pos, (position, index) in enumerate(keyed):
             if pos >= self.skip:
-                # both wrapped samplers deal the global order round-robin: rank r takes r, r + W, r + 2W...
-                yield self.seed, self.epoch, pos * self.world_size + self.rank, index
+                yield self.seed, self.epoch, position, index
 
     def __len__(self) -> int:
         return len(self.inner) - self.skip
