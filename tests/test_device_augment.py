@@ -4,7 +4,8 @@ resmlp.data.device.augment).
 Stated bounds:
 - per op, same arguments: every colour op (and bilinear geometric ops) within 1 uint8 level of timm's PIL op on
   every pixel; bicubic geometric ops at a PSNR of at least 40 dB against PIL's (PIL's affine bicubic kernel is
-  a=-1, torch's grid_sample a=-0.75: 47.8-56.3 dB on photos, benchmarks/op_fidelity.py; a wrong sign or matrix gives ~15 dB);
+  a=-1, torch's grid_sample a=-0.75: 47.8-56.3 dB on photos, benchmarks/op_fidelity.py; a wrong sign or matrix
+  gives ~15 dB);
 - the resized crop: antialiased bicubic within 1 level on 99% of pixels and 45 dB against PIL's resize;
 - per policy, in distribution over 10,000 draws: op frequencies (chi-square) and every op's argument
   distribution (two-sample Kolmogorov-Smirnov), crop boxes and erased boxes (KS on each coordinate), each at

@@ -22,8 +22,9 @@ the global size (resmlp.train.dino's module doc, option (a)).
 So on a GPU a batch costs the same ~1,300 ops whatever its size (tests/test_multi_crop.py counts them).
 
 Pixels are floats in [0, 1] from the resample on, as torchvision's tensor ops take them (PIL rounds to uint8
-after each op and truncates: how far that lands is measured by benchmarks/op_fidelity.py, docs/training.md). The batched jitter ops are tested against torchvision.transforms.v2's
-per-image ops, the distributions against DINO's PIL transform.
+after each op and truncates: how far that lands is measured by benchmarks/op_fidelity.py, docs/training.md). The
+batched jitter ops are tested against torchvision.transforms.v2's per-image ops, the distributions against
+DINO's PIL transform.
 """
 
 from __future__ import annotations

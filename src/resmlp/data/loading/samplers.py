@@ -30,7 +30,6 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler, default_colla
 
 from resmlp.data.records import readable
 
-
 SAME_STEP, SPREAD = "same-step", "spread"  # the two placements of repeated copies (module doc)
 
 
