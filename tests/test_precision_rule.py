@@ -60,9 +60,8 @@ def test_the_native_bf16_query_of_the_benchmarks_agrees(monkeypatch, card):
 
 
 def test_the_fp16_features_are_the_models_own_under_fp16_autocast():
-    from resmlp.inference import PreLogits, optimize_features
-
     import resmlp
+    from resmlp.inference import PreLogits, optimize_features
 
     model = resmlp.create_model("resmlp_s12", img_size=16, patch_size=8, in_chans=1, num_classes=4, dim=16, depth=2)
     features = optimize_features(model, "fp16")
