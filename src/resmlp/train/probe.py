@@ -96,8 +96,8 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     DIR/test when it exists, else DIR/val, as `resmlp.data.heldout_split` says);
     both with the checkpoint's evaluation preprocessing. data: a dataset kind or
     a folder holding train/<class>/ and val/<class>/. amp: the features' precision as `resmlp eval`'s
-    (auto = bf16 where the hardware has it, else fp32; bf16 or none). With `output`, writes
-    OUTPUT/summary.json, host and precision included.
+    (auto = runtime.resolve_amp's rule: bf16 where native, else fp16 on a GPU, fp32 on a CPU; bf16, fp16 or
+    none). With `output`, writes OUTPUT/summary.json, host and precision included.
     """
     from resmlp import reporting
     from resmlp.data import ArrayDataset, build_dataset, heldout_split, resolve_data
