@@ -16,7 +16,14 @@ ImageNet's typical 500x375 and saved as JPEG quality 90, held in memory as bytes
 `--memory`: also each path's peak resident memory (a fresh process each, ru_maxrss), a worker's footprint, and
 that of a process that only makes the photos ("none"), the part both share.
 Rounds alternate timm, device, timm, device... and each figure is the median over rounds, so a load change
-between the two hits both. torch runs one thread. Output: images/s per core of each and the ratio, the host.
+between the two hits both. torch runs one thread. Output: a host line (CPU, its kernels' capability, native bf16),
+then images/s per core of each and the ratio, with the host (`host`: cpu_capability, native_bf16, precision: fp32,
+the pipelines' own arithmetic; `amp_auto`: what `amp: auto` trains in on this host).
+
+Both host types (issue 53): run it once on an AVX-512 host as it is, and once on an AVX2-only host; an AVX-512
+host rehearses an AVX2 one with its kernels restricted (the figure is then the rehearsal's, and says so):
+
+    ATEN_CPU_CAPABILITY=avx2 .venv/bin/python benchmarks/device_pipeline_cpu.py --images 64 --rounds 5
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -40,8 +48,9 @@ from resmlp.data.device.pipeline import DevicePipeline
 from resmlp.data.images import decode_image
 from resmlp.data.records import MapRecords
 from resmlp.fileio import write_json
-from resmlp.hostinfo import host_info
+from resmlp.hostinfo import host_info, host_line
 from resmlp.preprocess import Preprocess
+from resmlp.runtime import precision_name, resolve_amp
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 RECIPE = dict(scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
@@ -109,7 +118,14 @@ def measure(images: int, batch: int, rounds: int, img_size: int = 224) -> dict:
     return {"images": images, "batch": batch, "rounds": rounds, "img_size": img_size,
             "mean_jpeg_kb": round(sum(map(len, payloads)) / len(payloads) / 1024, 1),
             "timm_images_per_s_per_core": round(timm_rate, 1), "device_images_per_s_per_core": round(device_rate, 1),
-            "device_over_timm": round(device_rate / timm_rate, 2), "load_average": _load(), "host": host_info(None)}
+            "device_over_timm": round(device_rate / timm_rate, 2), "load_average": _load(), **host_fields()}
+
+
+def host_fields() -> dict:
+    """The host beside the figure: its CPU kernels' capability (AVX2 under ATEN_CPU_CAPABILITY=avx2), native bf16,
+    the precision measured (fp32: uint8 images to float32, no autocast) and what `amp: auto` trains in here."""
+    return {"host": host_info("fp32"), "amp_auto": precision_name(resolve_amp("auto", torch.device("cpu"))),
+            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY")}
 
 
 def peak_rss_mb(path: str, images: int, batch: int, img_size: int = 224) -> float:
@@ -127,7 +143,7 @@ def peak_rss_mb(path: str, images: int, batch: int, img_size: int = 224) -> floa
 
 def _load() -> list[float] | None:
     try:
-        return [round(v, 2) for v in __import__("os").getloadavg()]
+        return [round(v, 2) for v in os.getloadavg()]
     except OSError:
         return None
 
@@ -141,6 +157,8 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="also the peak memory of each path, in its own process")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(host_line(), flush=True)
     result = measure(args.images, args.batch, args.rounds, args.img_size)
     if args.memory:
         result["peak_rss_mb"] = {path: peak_rss_mb(path, args.images, args.batch, args.img_size)

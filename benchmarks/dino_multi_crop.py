@@ -17,6 +17,16 @@ Defaults are dino-imagenet's: 224 px global views, 8 local views at 96 px.
 
     PYTHONPATH=src python benchmarks/dino_multi_crop.py --memory --batch 256     # no GPU needed (~10 GB RAM)
 
+Per CPU core (issue 53, both host types): `--device cpu --workers 1` gives each path one core (torch one thread,
+the PIL path one worker); on an AVX-512 host, `ATEN_CPU_CAPABILITY=avx2` rehearses an AVX2-only one:
+
+    PYTHONPATH=src python benchmarks/dino_multi_crop.py --device cpu --workers 1 --batch 32 --rounds 5
+    ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=src python benchmarks/dino_multi_crop.py --device cpu --workers 1 \
+        --batch 32 --rounds 5
+
+The output starts with a host line (CPU, its kernels' capability, native bf16); the json's `host` has them with
+the precision measured (fp32: no autocast in either path), `amp_auto` what `amp: auto` trains in on this device.
+
 --memory: the peak of the tensors one batch holds at once (ImageNet-sized 500x375 images) in the GPU's form of
 the pipeline (the batched resize: per_crop_on_cpu off), counted on CPU tensors: every tensor an op creates, from
 its creation until it is freed; views and in-place results are not new memory. The caching allocator's rounding
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 import weakref
@@ -41,7 +52,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from resmlp.data.device.multi_crop import MultiCropAugment
 from resmlp.fileio import write_json
-from resmlp.hostinfo import host_info
+from resmlp.hostinfo import host_info, host_line
+from resmlp.runtime import precision_name, resolve_amp
 from resmlp.train.dino import MultiCropTransform
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -190,10 +202,13 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cpu":  # the same cores for both: torch's threads = the PIL path's workers
         torch.set_num_threads(max(args.workers, 1))
+    print(host_line(), flush=True)
     images = photos(args.batch * args.batches, *args.sizes)
     ours, pil = device_path(images, args, device), pil_path(images, args)
     raw = raw_step_img_s(args.raw_json)
-    result = {"host": host_info(), "device": str(device), "batch": args.batch, "views": 2 + args.num_local,
+    result = {"host": host_info("fp32"), "amp_auto": precision_name(resolve_amp("auto", device)),
+              "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"), "device": str(device),
+              "batch": args.batch, "views": 2 + args.num_local,
               "img_size": args.img_size, "local_size": args.local_size, "device_path": ours, "pil_workers": pil,
               "device_over_pil": ours["img_s"] / pil["img_s"] if pil["img_s"] else None,
               "raw_step_img_s": raw,

@@ -7,7 +7,13 @@ shape, dtype and device without data. The code then runs as on a GPU, except tha
 - every host synchronisation is recorded as an `Event` with the Python call stack it came from: a host read
   (`.item()`, `.tolist()`, `bool()`, `float()`, `.numpy()`), a device-to-host copy, a host-to-device copy that
   is blocking or not from page-locked memory, `torch.cuda.synchronize`. A read or copy back returns real
-  zeros of the right shape (a fill value for reads), so the program goes on past it.
+  zeros of the right shape (a fill value for reads), so the program goes on past it. Host-to-device copies the
+  host waits for are flagged wherever they hide: `.to(cuda)` / `.cuda()` / `copy_` of pageable memory or with
+  non_blocking=False, a tensor built on the GPU from Python or NumPy data (`torch.tensor(data, device=cuda)`,
+  `torch.as_tensor`, `torch.asarray`, `cuda_tensor.new_tensor(data)`), and a CUDA tensor indexed with a Python
+  list or a CPU index tensor (torch copies the index up from pageable memory first) or assigned a CPU tensor;
+- every copy that does not make the host wait (pinned, non_blocking=True) is counted in `Ledger.uploads`, so a
+  test can bound the uploads per batch;
 
 What fake tensors cannot do is stood in for (each patch is undone on exit): `torch.cuda` queries answer one
 GPU with bf16; autocast("cuda") is allowed (torch disables it where no CUDA driver is found); CUDA streams and
@@ -36,9 +42,11 @@ from torch.overrides import TorchFunctionMode
 READ_FILL = 0  # what a host read of a fake value returns: the project keeps "nothing went wrong" as zeros
 
 FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint,
-             torch.randperm, torch.arange, torch.linspace, torch.tensor, torch.as_tensor, torch.eye,
+             torch.randperm, torch.arange, torch.linspace, torch.tensor, torch.as_tensor, torch.asarray, torch.eye,
              torch.empty_strided, torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like,
              torch.rand_like, torch.randn_like, torch.scalar_tensor}
+FROM_HOST_DATA = (torch.tensor, torch.as_tensor, torch.asarray)  # their data argument is host data
+INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.index_put_, torch.Tensor.index_put}
 # tolist is FakeTensor's own method (patched in fake_cuda), not routed through __torch_function__
 READS = {torch.Tensor.item: "item", torch.Tensor.__bool__: "bool",
          torch.Tensor.__float__: "float", torch.Tensor.__int__: "int", torch.Tensor.__index__: "index",
@@ -72,19 +80,28 @@ class Event:
         return any(frame.split(":", 1)[1] in names for frame in self.stack)
 
 
+BLOCKING_UPLOADS = ("blocking-host-to-device", "unpinned-host-to-device")  # host-to-device copies the host waits for
+
+
 @dataclass
 class Ledger:
-    events: list[Event] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)  # host waits
+    uploads: list[Event] = field(default_factory=list)  # pinned non-blocking host-to-device copies: no wait
 
     def record(self, kind: str, what: str) -> None:
         frames, frame = [], sys._getframe(2)
         while frame is not None:
             frames.append(f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_qualname}")
             frame = frame.f_back
-        self.events.append(Event(kind, what, tuple(frames)))
+        (self.uploads if kind == "upload" else self.events).append(Event(kind, what, tuple(frames)))
 
     def clear(self) -> None:
         self.events.clear()
+        self.uploads.clear()
+
+    def blocking_uploads(self) -> list[Event]:
+        """Host-to-device copies the host waits for (from pageable memory or with non_blocking=False)."""
+        return [e for e in self.events if e.kind in BLOCKING_UPLOADS]
 
     def inside(self, *names: str, allowed: tuple[str, ...] = ()) -> list[Event]:
         """Events with one of `names` on their stack and none of `allowed`."""
@@ -145,6 +162,8 @@ class FakeCudaRouter(TorchFunctionMode):
             self.ledger.record("unpinned-host-to-device", f"copy of {tuple(tensor.shape)} from pageable memory")
         elif not non_blocking:
             self.ledger.record("blocking-host-to-device", f"blocking copy of {tuple(tensor.shape)}")
+        else:
+            self.ledger.record("upload", f"pinned non-blocking copy of {tuple(tensor.shape)}")
         with self.mode:
             fake = self.mode.from_tensor(tensor.detach())
             moved = fake.to(device if device.index is not None else torch.device("cuda", 0))
@@ -153,10 +172,15 @@ class FakeCudaRouter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in FACTORIES and _is_cuda(kwargs.get("device")):
-            if func in (torch.tensor, torch.as_tensor):  # host data: a copy from pageable memory
+            if func in FROM_HOST_DATA and not (args and is_fake_cuda(args[0])):  # a copy from pageable memory
                 self.ledger.record("unpinned-host-to-device", f"{func.__name__}(...) on the GPU")
             with self.mode:
                 return func(*args, **kwargs)
+        if func is torch.Tensor.new_tensor and args and is_fake_cuda(args[0]) and not (
+                len(args) > 1 and is_fake_cuda(args[1])) and _is_cuda(kwargs.get("device", args[0].device)):
+            self.ledger.record("unpinned-host-to-device", f"new_tensor(...) of a {tuple(args[0].shape)} GPU tensor")
+        if func in INDEXING and args and is_fake_cuda(args[0]):
+            self._check_index_upload(func, args)
         if func in READS and args and is_fake_cuda(args[0]):
             self.ledger.record("read", f"{READS[func]}() of {tuple(args[0].shape)}")
             if func is torch.Tensor.numpy:
@@ -205,6 +229,21 @@ class FakeCudaRouter(TorchFunctionMode):
             dtype = kwargs.get("dtype") or next((a for a in args[1:] if isinstance(a, torch.dtype)), tensor.dtype)
             return torch.zeros(tensor.shape, dtype=dtype)
         return None
+
+    def _check_index_upload(self, func, args: tuple) -> None:
+        """A CUDA tensor indexed with a list or a CPU index tensor (torch copies it up from pageable memory
+        before the kernel), or assigned a CPU tensor of more than one value (copied up the same way)."""
+        index = args[1] if len(args) > 1 else ()
+        if func in (torch.Tensor.index_put_, torch.Tensor.index_put):  # indices: a sequence of tensors
+            index = tuple(index)
+        for part in index if isinstance(index, tuple) else (index,):
+            host_list = isinstance(part, list) and not all(is_fake_cuda(p) for p in part)
+            if host_list or (isinstance(part, torch.Tensor) and not isinstance(part, FakeTensor) and part.dim() > 0):
+                self.ledger.record("unpinned-host-to-device", f"{func.__name__} with a host index")
+                return
+        value = args[2] if len(args) > 2 else None
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and value.numel() > 1:
+            self.ledger.record("unpinned-host-to-device", f"{func.__name__} of a CPU tensor {tuple(value.shape)}")
 
     def _check_host_write(self, func, args: tuple, kwargs: dict) -> None:
         """TensorIterator refuses to write a CPU tensor (in place or out=) while reading a CUDA one."""

@@ -62,7 +62,7 @@ def test_bf16_features_stay_close_in_cosine_and_other_models_use_their_own_pre_l
     wrapped = optimize_features(convnet, "fp32")
     assert isinstance(wrapped, PreLogits)
     torch.testing.assert_close(wrapped(x), convnet(x).mean((2, 3)))
-    with pytest.raises(ValueError, match="fp32 or bf16"):
+    with pytest.raises(ValueError, match="fp32, bf16 or fp16"):
         optimize_features(model, "int8")
 
 

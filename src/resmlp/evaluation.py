@@ -66,8 +66,9 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
         confusion.scatter_add_(0, cell, torch.ones_like(cell))
         images += len(targets)
         skipped += batch_skipped
-    packed = torch.cat([sums, torch.tensor([images, skipped], dtype=torch.float64, device=device),
-                        confusion.double()])
+    counts = sums.new_empty(2)  # the host's counts written by two fills: no host data copied up
+    counts[0], counts[1] = images, skipped
+    packed = torch.cat([sums, counts, confusion.double()])
     if info is not None:
         all_reduce_sum(packed, info)
     values = packed.tolist()  # the one read of the whole evaluation

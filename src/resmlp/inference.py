@@ -25,7 +25,7 @@ from resmlp.folding import FusedBlock, fuse
 from resmlp.hostinfo import native_bf16
 from resmlp.models.resmlp import ResMLP
 from resmlp.preprocess import Preprocess, preprocess_of_file
-from resmlp.runtime import compile_module
+from resmlp.runtime import compile_module, cuda_native_bf16
 
 PRECISIONS = ("fp32", "bf16", "int8")
 COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")  # torch.compile modes optimize() accepts
@@ -142,7 +142,7 @@ def native_bf16_available(device: torch.device | str = "cpu") -> bool:
     """Whether bf16 matrix products run on native hardware (AVX-512 BF16 / AMX on CPU, CUDA bf16)."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return cuda_native_bf16(device)
     return native_bf16()
 
 
@@ -236,17 +236,18 @@ def optimize_features(model: nn.Module, precision: str = "fp32") -> nn.Module:
 
     A ResMLP/Mixer gets optimize()'s fast path with an identity matrix for head: the final Affine folds into
     it as into a classifier, so the token-major blocks still apply (measured effect on `resmlp eval-knn`:
-    docs/distillation_dino_finetune.md). precision: "fp32" or "bf16"; other models run their own
-    forward_head in bf16 autocast for "bf16". Puts `model` in eval mode.
+    docs/distillation_dino_finetune.md). precision: "fp32", "bf16" or "fp16" (a GPU without native bf16:
+    runtime.resolve_amp's rule); other models, and every model in fp16, run their own forward_head under
+    autocast (fp16 weights could overflow where autocast keeps fp32). Puts `model` in eval mode.
     """
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"feature precision must be fp32 or bf16, got {precision!r}")
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"feature precision must be fp32, bf16 or fp16, got {precision!r}")
     model.eval()  # features are an evaluation (the non-ResMLP path runs `model` itself)
-    if not isinstance(model, ResMLP):
+    if not isinstance(model, ResMLP) or precision == "fp16":
         if not hasattr(model, "forward_head"):  # torchvision's classifiers have no pre-logits API
             raise ValueError(f"frozen features come from ResMLP, Mixer and timm models (their pre-logits); this "
                              f"{type(model).__name__} has none: evaluate it with resmlp eval")
-        return PreLogits(model, precision == "bf16").eval().requires_grad_(False)
+        return PreLogits(model, precision).eval().requires_grad_(False)
     width = model.num_features
     identity = nn.Linear(width, width).to(model.stem.proj.weight.device)
     with torch.no_grad():
@@ -260,14 +261,15 @@ def optimize_features(model: nn.Module, precision: str = "fp32") -> nn.Module:
 
 
 class PreLogits(nn.Module):
-    """Any timm-style model's pooled pre-logits features, in fp32, optionally computed in bf16 autocast."""
+    """Any timm-style model's pooled pre-logits features, in fp32, computed in fp32 or under bf16 / fp16 autocast."""
 
-    def __init__(self, model: nn.Module, bf16: bool) -> None:
+    def __init__(self, model: nn.Module, precision: str = "fp32") -> None:
         super().__init__()
-        self.model, self.bf16 = model, bf16
+        self.model = model
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+        with torch.autocast(x.device.type, dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None):
             return self.model.forward_head(self.model.forward_features(x), pre_logits=True).float()
 
 

@@ -2,8 +2,8 @@
 
 - devices and torchrun: `DistInfo`, `init_distributed` (DistributedDataParallel's process group: gloo on the
   CPU, nccl on GPUs; rank 0 alone writes files), `all_reduce_sum`, `barrier`, `shutdown`;
-- precision: `resolve_amp` ('auto' -> bf16 where the hardware computes it natively), `autocast` for the
-  actual device, `grad_scaler` (fp16 on a GPU only);
+- precision: `resolve_amp`, every command's one rule ('auto' -> bf16 where the hardware computes it natively,
+  else fp16 on a CUDA GPU, else fp32), `autocast` for the actual device, `grad_scaler` (fp16 on a GPU only);
 - threads: `default_threads` (the cores this process may use, shared by the processes of this machine) and
   `process_settings`, which sets threads, determinism and the allocator for a run and restores them afterwards;
 - memory: `keep_freed_memory` (glibc's malloc keeps freed blocks for the next step instead of unmapping them).
@@ -186,7 +186,9 @@ def shutdown(info: DistInfo) -> None:
 
 # ------------------------------------------------------------------------------------------ precision
 def resolve_amp(amp: str, device: torch.device) -> str:
-    """'auto' -> bf16 on GPUs and on CPUs with native bf16 (AVX-512 BF16 / AMX), else none.
+    """The one precision rule of every command (train, eval, eval-knn, eval-linear, translate): 'auto' -> bf16
+    where the hardware computes it natively, else fp16 with a GradScaler on a CUDA GPU (`cuda_native_bf16`: compute
+    capability 8.0 and up), else none on a CPU (native: AVX-512 BF16 / AMX).
 
     Without native support, CPU bf16 matmuls are emulated and far slower than fp32 (on an AVX2-only
     CPU we measured 0.9 vs 54 GFLOP/s), so 'auto' keeps fp32 there.
@@ -198,8 +200,17 @@ def resolve_amp(amp: str, device: torch.device) -> str:
     if amp != "auto":
         return "none" if amp == "fp32" else amp
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if cuda_native_bf16(device) else "fp16"
     return "bf16" if native_bf16() else "none"
+
+
+def cuda_native_bf16(device: torch.device) -> bool:
+    """Whether this CUDA GPU computes bf16 natively: compute capability 8.0 and up (A100, H100, RTX 30xx...), as
+    torch says without counting emulation. torch.cuda.is_bf16_supported() alone counts emulated bf16 (V100, T4:
+    capability 7.x) as supported; there fp16 with loss scaling is the native half precision (DINO's --use_fp16)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, _minor = torch.cuda.get_device_capability(index)
+    return major >= 8 and torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def precision_name(amp: str) -> str:

@@ -93,7 +93,7 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--drop-path": ("model.drop_path_rate", dict(type=float, metavar="RATE", help="stochastic depth rate")),
     "--model-ema": ("train.ema", dict(action="store_true", default=None, help="evaluate and save a weight EMA")),
     "--amp": ("train.amp", dict(type=amp_value, metavar="{auto,bf16,fp16,fp32}",
-                                help="precision: auto = bf16 where the hardware has it, else fp32")),
+                                help="precision: auto = bf16 where native, else fp16 on a GPU, fp32 on a CPU")),
     "--device": ("train.device", dict(help="auto, cpu, cuda or cuda:N")),
     "--workers": ("data.num_workers", dict(type=int, metavar="N", help="data loader worker processes")),
     "--threads": ("train.threads", dict(type=thread_count, metavar="N",

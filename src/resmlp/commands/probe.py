@@ -33,8 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--batch-size", type=batch_size, default=256, metavar="N",
                        help="images per batch (default 256)")
         p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-        p.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp32}",
-                       help="features' precision: auto = bf16 where the hardware has it (as `resmlp eval`), else fp32")
+        p.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp16,fp32}",
+                       help="features' precision: auto = bf16 where native, else fp16 on a GPU, fp32 on a CPU "
+                            "(as `resmlp eval`)")
         if method == "knn":
             p.add_argument("--k", type=int, default=20, help="neighbours (default 20)")
             p.add_argument("--temperature", type=float, default=0.07, help="vote weight exp(sim/T) (default 0.07)")

@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="default: the split training reported on: test where the dataset has one (Fashion-MNIST, "
                         "CIFAR, a folder with DIR/test), else val")
     e.add_argument("--amp", type=amp_value, default="auto", metavar="{auto,bf16,fp16,fp32}",
-                   help="precision: auto = bf16 where the hardware has it, else fp32 (default auto)")
+                   help="precision: auto = bf16 where native, else fp16 on a GPU, fp32 on a CPU (default auto)")
     add_output_argument(e, help="folder for summary.json and confusion_matrix.png")
     add_progress_argument(e)
     e.add_argument("--batch-size", type=batch_size, default=256, metavar="N",

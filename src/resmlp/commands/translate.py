@@ -82,7 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="label smoothing of the cross-entropy (default 0.1)")
     t.add_argument("--clip-norm", type=float, default=0.0, help="gradient norm clipping (0 = off)")
     t.add_argument("--precision", choices=("fp32", "bf16", "fp16", "auto"), default="fp32",
-                   help="autocast: bf16 (CPU or GPU), fp16 (GPU, with loss scaling), auto (bf16 where native)")
+                   help="autocast: bf16 (CPU or GPU), fp16 (GPU, with loss scaling), "
+                        "auto (bf16 where native, else fp16 on a GPU, fp32 on a CPU)")
     _decode_args(t)
     t.add_argument("--seed", type=int, default=0, help="seed of initialisation and data order (default 0)")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")

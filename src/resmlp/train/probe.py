@@ -96,15 +96,15 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     DIR/test when it exists, else DIR/val, as `resmlp.data.heldout_split` says);
     both with the checkpoint's evaluation preprocessing. data: a dataset kind or
     a folder holding train/<class>/ and val/<class>/. amp: the features' precision as `resmlp eval`'s
-    (auto = bf16 where the hardware has it, else fp32; bf16 or none). With `output`, writes
-    OUTPUT/summary.json, host and precision included.
+    (auto = runtime.resolve_amp's rule: bf16 where native, else fp16 on a GPU, fp32 on a CPU; bf16, fp16 or
+    none). With `output`, writes OUTPUT/summary.json, host and precision included.
     """
     from resmlp import reporting
     from resmlp.data import ArrayDataset, build_dataset, heldout_split, resolve_data
     from resmlp.evaluation import eval_batches_or_loader, resolve_checkpoint
     from resmlp.hostinfo import host_info
     from resmlp.inference import load_for_inference, optimize_features
-    from resmlp.runtime import check_device_name, resolve_amp, resolve_device
+    from resmlp.runtime import check_device_name, precision_name, resolve_amp, resolve_device
 
     check_device_name(device)  # before the checkpoint and the data are read
     if method not in ("knn", "linear"):
@@ -120,7 +120,7 @@ def frozen_feature_eval(checkpoint: str | Path, method: str = "knn", data: str =
     if pre.note:  # assumed, not read from the file (resmlp.preprocess.preprocess_of_file): said in one line
         print(pre.note, file=sys.stderr, flush=True)
     torch_device = resolve_device(device)
-    precision = "bf16" if resolve_amp(amp, torch_device) == "bf16" else "fp32"
+    precision = precision_name(resolve_amp(amp, torch_device))  # the one rule: fp16 on a GPU without native bf16
     features = optimize_features(model, precision).to(torch_device)
     start = time.perf_counter()
     split_features = []

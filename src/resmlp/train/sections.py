@@ -147,7 +147,7 @@ class TrainSection:
     # norm: one global norm over all gradients (timm's --clip-mode norm); per_param: each parameter's gradient
     # norm clipped alone (DINO's utils.clip_gradients)
     clip_mode: str = "norm"
-    amp: str = "auto"  # auto (bf16 where the hardware has it) | bf16 | fp16 (GPU, with a scaler) | fp32 (= none)
+    amp: str = "auto"  # auto (runtime.resolve_amp) | bf16 | fp16 (GPU, with a scaler) | fp32 (= none)
     # auto: compile when the measured eager step says the rest of the run pays for it (resmlp.train.step);
     # true / false force it (set one of them for runs that must repeat bit for bit)
     compile: bool | str = "auto"

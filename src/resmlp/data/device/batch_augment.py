@@ -63,6 +63,7 @@ class BatchAugment:
         self.erase = RandomErasing(reprob, mode="pixel", max_count=1, device="cpu") if reprob > 0 else None
         # whole image, no flip (evaluation): no random numbers to draw
         self.random = (tuple(scale), tuple(ratio), hflip) != ((1, 1), (1, 1), 0)
+        self._fixed_theta: dict[tuple, torch.Tensor] = {}  # evaluation's crop maps, by batch size, shape and device
 
     def __call__(self, images: torch.Tensor, seeds: Sequence[int]) -> torch.Tensor:
         """Augment `images` on their own device (CPU or GPU)."""
@@ -71,20 +72,11 @@ class BatchAugment:
         device = images.device
         x = self._channels(images)
         height, width = x.shape[-2:]
-        if self.random:
-            u = torch.stack([torch.rand(2 * ATTEMPTS + 3, generator=torch.Generator().manual_seed(s)) for s in seeds])
-        else:  # zeros pick the full-area, unflipped box
-            u = torch.zeros(len(seeds), 2 * ATTEMPTS + 3)
-        # the boxes are a few numbers an image: computed on the CPU, then one small copy
-        top, left, h, w = self._crop_boxes(u, height, width)
-        flip = u[:, -1] < self.hflip
-        # affine map from output to input coordinates (align_corners=False: -1 and 1 are the outer pixel edges)
-        theta = torch.zeros(len(x), 2, 3)
-        theta[:, 0, 0] = torch.where(flip, -w / width, w / width)
-        theta[:, 0, 2] = (2 * left + w) / width - 1
-        theta[:, 1, 1] = h / height
-        theta[:, 1, 2] = (2 * top + h) / height - 1
-        theta = copy_to(theta, device)
+        theta = self._fixed_theta.get((len(x), height, width, device)) if not self.random else None
+        if theta is None:
+            theta = self._theta(seeds, height, width, device)
+            if not self.random:  # the same map for every batch of this size: copied to the device once
+                self._fixed_theta[(len(x), height, width, device)] = theta
         grid = F.affine_grid(theta, [len(x), x.shape[1], self.img_size, self.img_size], align_corners=False)
         x = F.grid_sample(x, grid, mode=self.mode, padding_mode="border", align_corners=False)
         if self.mean.device != device:  # once: the statistics then live where the images are
@@ -96,6 +88,24 @@ class BatchAugment:
             else:
                 self._erase_on_device(x, seeds)
         return self.after(x) if self.after is not None else x
+
+    def _theta(self, seeds: Sequence[int], height: int, width: int, device: torch.device) -> torch.Tensor:
+        """The batch's affine maps from output to input coordinates (N, 2, 3) on `device`: drawn per image on the
+        CPU, then one small copy."""
+        if self.random:
+            u = torch.stack([torch.rand(2 * ATTEMPTS + 3, generator=torch.Generator().manual_seed(s)) for s in seeds])
+        else:  # zeros pick the full-area, unflipped box
+            u = torch.zeros(len(seeds), 2 * ATTEMPTS + 3)
+        # the boxes are a few numbers an image: computed on the CPU, then one small copy
+        top, left, h, w = self._crop_boxes(u, height, width)
+        flip = u[:, -1] < self.hflip
+        # affine map from output to input coordinates (align_corners=False: -1 and 1 are the outer pixel edges)
+        theta = torch.zeros(len(seeds), 2, 3)
+        theta[:, 0, 0] = torch.where(flip, -w / width, w / width)
+        theta[:, 0, 2] = (2 * left + w) / width - 1
+        theta[:, 1, 1] = h / height
+        theta[:, 1, 2] = (2 * top + h) / height - 1
+        return copy_to(theta, device)
 
     def _channels(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) float in [0, 255] with the model's channel count (as ArrayDataset's PIL modes)."""

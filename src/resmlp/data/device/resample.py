@@ -50,7 +50,9 @@ def resized_crop(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
     sizes = sizes.to(images.device)
     n, (h, w) = len(images), images.shape[-2:]
     # both axes' matrices in one go (rows first, then columns): half the ops of two calls
-    outs = boxes.new_tensor(out_size).repeat_interleave(n)
+    # the output sizes filled on the device: no Python data copied up (new_tensor would wait for the stream)
+    outs = boxes.new_full((2 * n,), float(out_size[0]))
+    outs[n:] = out_size[1]
     taps = taps_bound(max(h, w), min(out_size), interpolation, antialias)
     both = resample_weights(torch.cat([boxes[:, 0], boxes[:, 1]]), torch.cat([boxes[:, 2], boxes[:, 3]]),
                             torch.cat([sizes[:, 0], sizes[:, 1]]), outs, max(out_size), max(h, w), taps,
