@@ -39,7 +39,7 @@ def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", outpu
                 if info.is_main:  # a new run in a folder whose run was killed before its first state too
                     remove_stale_temporaries(out)  # left by a kill during an atomic write
                 trainer = Trainer(cfg, out, info, resume, task or task_for(cfg), max_steps)
-                with stop_on_signals(enabled=info.world_size == 1):  # SIGTERM, SIGUSR1, Ctrl-C: a resumable stop
+                with stop_on_signals(info):  # SIGTERM, SIGUSR1, Ctrl-C on any rank: a resumable stop on all
                     return trainer.fit()
         finally:
             shutdown(info)
