@@ -197,3 +197,72 @@ def test_a_signal_to_one_rank_or_all_stops_every_rank_at_one_step_and_the_printe
     for file in ("last.safetensors", "best.safetensors"):
         a, b = load_file(run / file), load_file(straight / file)
         assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a), file
+
+
+# ------------------------------------------------------------------------------------------ in this process
+def test_the_vote_is_read_one_boundary_after_it_is_cast_once_per_boundary(tmp_path, monkeypatch):
+    """A one-process gloo group stands for the ranks: a signal received before boundary 1 is cast there and
+    read (by every rank alike) at boundary 2; polling a boundary again exchanges nothing."""
+    import torch.distributed as dist
+
+    from resmlp.train import preemption
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        vote = preemption.StopVote()
+        assert vote.poll(0) is None and vote.poll(0) is None
+        monkeypatch.setattr(preemption, "_received", [("SIGUSR1", 0.0)])
+        assert vote.poll(0) is None  # boundary 0 was cast already, without the signal
+        assert vote.poll(1) is None  # read boundary 0's (none), cast boundary 1's
+        assert vote.poll(2) == "SIGUSR1" and vote.poll(3) == "SIGUSR1" and vote.pending is None
+    finally:
+        dist.destroy_process_group()
+
+
+class FakeVote:
+    """The vote of several processes, without them: `result` is what they agreed."""
+
+    def __init__(self) -> None:
+        self.result = None
+
+    def poll(self, step: int) -> str | None:
+        return self.result
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_repeat_within_seconds_is_one_request_a_later_one_stops_at_once_and_after_the_agreement_none(
+        monkeypatch):
+    """Several processes: torchrun forwards what it receives and SLURM signals every process of a step, so a
+    repeat within REPEAT_S is the same request; a later one (a second Ctrl-C) stops this process at once; once
+    the ranks agreed, signals are ignored until the process exits (torchrun signals the rest as one exits)."""
+    from resmlp.runtime import DistInfo
+    from resmlp.train import preemption
+
+    now = [100.0]
+    monkeypatch.setattr(preemption, "_clock", lambda: now[0])
+    monkeypatch.setattr(preemption, "StopVote", FakeVote)
+    info = DistInfo(world_size=2, rank=1, local_rank=1, device=torch.device("cpu"))
+    before = {name: signal.getsignal(getattr(signal, name)) for name in ("SIGINT", "SIGTERM", "SIGUSR1")}
+    try:
+        with pytest.raises(KeyboardInterrupt), preemption.stop_on_signals(info):
+            os.kill(os.getpid(), signal.SIGINT)
+            now[0] += preemption.REPEAT_S / 2
+            os.kill(os.getpid(), signal.SIGINT)  # the same Ctrl-C, forwarded
+            assert preemption.requested() == "SIGINT" and preemption.agreed(5) is None  # not agreed yet
+            now[0] += preemption.REPEAT_S
+            os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C: KeyboardInterrupt, now
+            pytest.fail("the second Ctrl-C did not interrupt")
+        assert signal.getsignal(signal.SIGINT) is before["SIGINT"]
+
+        with preemption.stop_on_signals(info):
+            os.kill(os.getpid(), signal.SIGTERM)
+            preemption._vote[0].result = "SIGTERM"  # every rank agreed
+            now[0] += 10 * preemption.REPEAT_S
+            os.kill(os.getpid(), signal.SIGTERM)  # ignored: the run is stopping already
+            assert preemption.agreed(5) == "SIGTERM"
+        assert all(signal.getsignal(getattr(signal, name)) is signal.SIG_IGN for name in before)
+    finally:
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)
