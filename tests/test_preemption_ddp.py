@@ -106,8 +106,9 @@ def sets(overrides: dict) -> list[str]:
 
 
 def torchrun() -> list[str]:
+    # torchrun SIGKILLs its workers 30 s after it forwards a signal or one exits: on a loaded host, allow more
     return [shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun", "--standalone",
-            "--nproc_per_node=2"]
+            "--nproc_per_node=2", "--shutdown-timeout=600"]
 
 
 def free_port() -> int:
