@@ -215,6 +215,7 @@ def test_the_vote_is_read_one_boundary_after_it_is_cast_once_per_boundary(tmp_pa
         monkeypatch.setattr(preemption, "_received", [("SIGUSR1", 0.0)])
         assert vote.poll(0) is None  # boundary 0 was cast already, without the signal
         assert vote.poll(1) is None  # read boundary 0's (none), cast boundary 1's
+        assert vote.pending[1].device.type == "cpu"  # the vote never touches the training device
         assert vote.poll(2) == "SIGUSR1" and vote.poll(3) == "SIGUSR1" and vote.pending is None
     finally:
         dist.destroy_process_group()
