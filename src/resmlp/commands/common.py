@@ -166,12 +166,16 @@ def continue_command(args: argparse.Namespace) -> str:
 
 def stopped_early(summary: dict[str, Any], args: argparse.Namespace) -> bool:
     """After a run that --max-steps or a signal stopped (the trainer said where): the command that continues it."""
-    from resmlp.runtime import is_main_process
+    from resmlp.runtime import env_int, is_main_process
 
     if "stopped_at_step" not in summary:
         return False
     if is_main_process():
         print(f"  continue it with: {continue_command(args)}")
+        processes = env_int("WORLD_SIZE", 1, 1)  # torchrun's, or srun's (resmlp.runtime.adopt_slurm_ranks)
+        if processes > 1:
+            print(f"  launched as this run was: {processes} processes under torchrun or srun (at the same count "
+                  "the resume is bit-identical)")
     return True
 
 

@@ -25,8 +25,9 @@ def at_step_limit(trainer: TrainerView) -> bool:
 
 
 def should_stop(trainer: TrainerView) -> bool:
-    """Whether the run stops at this step boundary: the step limit reached, or a signal received."""
-    return at_step_limit(trainer) or preemption.requested() is not None
+    """Whether the run stops at this step boundary: the step limit reached, or a signal received (several
+    processes: the boundary every rank agrees on, resmlp.train.preemption)."""
+    return at_step_limit(trainer) or preemption.agreed(trainer.global_step) is not None
 
 
 def stop_early(trainer: TrainerView, save_state: Callable[[], None]) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def stop_early(trainer: TrainerView, save_state: Callable[[], None]) -> dict[str
     not finished, nothing was evaluated), and `signal`, its name, where a signal stopped it."""
     state = trainer.out / STATE_FILE
     save_state()
-    signal = preemption.requested()
+    signal = preemption.agreed(trainer.global_step)  # every rank's: the same on each
     cause = f"by {signal}" if signal else f"at the step limit (--max-steps {trainer.max_steps})"
     if trainer.info.is_main:
         print(f"stopped {cause}: {trainer.global_step} optimizer steps, epoch {trainer.epoch + 1} of "

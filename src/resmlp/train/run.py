@@ -25,7 +25,8 @@ def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", outpu
     continues that state file. task: a Task instance replacing the config's (e.g. a custom loss).
     max_steps: stop after that many optimizer steps with a resumable state (a smoke run, resmlp.train.controls);
     the return value is then {stopped_at_step, state, epochs}. SIGTERM, SIGUSR1 (SLURM's warning) and Ctrl-C
-    stop the same way at the next step boundary (resmlp.train.preemption), adding {signal: its name}.
+    stop the same way at the next step boundary (resmlp.train.preemption), adding {signal: its name}; under
+    torchrun or srun a signal to any rank stops every rank at the boundary they agree on.
     Launched by torchrun, every process calls this; only rank 0 writes files.
     """
     adopt_slurm_ranks()  # an srun launch: before validation, whose memory check counts the processes
@@ -39,7 +40,7 @@ def train(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick", outpu
                 if info.is_main:  # a new run in a folder whose run was killed before its first state too
                     remove_stale_temporaries(out)  # left by a kill during an atomic write
                 trainer = Trainer(cfg, out, info, resume, task or task_for(cfg), max_steps)
-                with stop_on_signals(enabled=info.world_size == 1):  # SIGTERM, SIGUSR1, Ctrl-C: a resumable stop
+                with stop_on_signals(info):  # SIGTERM, SIGUSR1, Ctrl-C on any rank: a resumable stop on all
                     return trainer.fit()
         finally:
             shutdown(info)
