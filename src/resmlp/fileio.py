@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from resmlp.command_files import check_target
 from resmlp.errors import OutputError
 
 _TMP_SUFFIX = ".tmp"
@@ -52,8 +53,14 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
 
     `write` may replace the (empty) temporary file or write into it. On any failure (including a full
     disk) the temporary is removed and the previous `path`, if any, is left untouched.
+
+    Refused (OutputError): an input of the running command (resmlp.command_files), a block device, a socket. A
+    character device or a FIFO at `path` (/dev/null, a pipe) is written in place, never replaced by a rename.
     """
     path = Path(path)
+    check_target(path)
+    if _special_file(path):
+        return _write_in_place(path, write)
     _make_folder(path.parent)
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
@@ -77,6 +84,54 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
+    return path
+
+
+def _special_file(path: Path) -> bool:
+    """True for a character device or a FIFO at `path` itself (a symlink there is replaced, as any file);
+    OutputError for a block device or a socket, which no output of this project may be."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return True
+    if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+        what = "a block device" if stat.S_ISBLK(mode) else "a socket"
+        raise OutputError(f"{path} is {what}, not a file; choose a file (or /dev/null, a FIFO) as the output")
+    return False
+
+
+def _write_in_place(path: Path, write: Callable[[Path], None]) -> Path:
+    """`write` into a private temporary file, then its bytes into the device or FIFO at `path` (opened without
+    creating, truncating or following anything; a FIFO without a reader is refused rather than waited on)."""
+    import shutil
+    import stat
+
+    try:
+        out = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise OutputError(f"{path} is a FIFO that nobody reads; start its reader first or choose a file") \
+                from None
+        raise type(e)(e.errno, e.strerror, str(path)) from None
+    try:
+        if not (stat.S_ISCHR(os.fstat(out).st_mode) or stat.S_ISFIFO(os.fstat(out).st_mode)):
+            raise OutputError(f"{path} was replaced while it was opened; choose another output path")
+        os.set_blocking(out, True)
+        with tempfile.TemporaryDirectory(prefix="resmlp-out-") as folder:
+            tmp = Path(folder) / path.name
+            tmp.touch(mode=0o600)
+            try:
+                write(tmp)
+            except Exception as e:
+                raise _as_disk_error(e, path, tmp) from e
+            with open(tmp, "rb") as src, os.fdopen(os.dup(out), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    finally:
+        os.close(out)
     return path
 
 
