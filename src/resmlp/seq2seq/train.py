@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from resmlp.errors import CheckpointError, ConfigError
 from resmlp.command_files import note_inputs
+from resmlp.errors import CheckpointError, ConfigError
 from resmlp.fileio import atomic_write, guarded_subfolder, output_lock, remove_stale_temporaries
 from resmlp.hostinfo import host_info
 from resmlp.runtime import (

@@ -341,8 +341,8 @@ def _refuse_links(where: str, links: list[str], listing: TarListing) -> None:
                or "." not in name.rpartition("/")[2] or (class_tars and name.endswith(".tar"))]
     if refused:
         raise DataError(f"{where}: member {refused[0]} (and {len(refused) - 1} more) is a link, device or FIFO, not "
-                        "an image file or folder (a class tar included); a tar is read as regular files and folders only: make it "
-                        "with links dereferenced (tar -h --hard-dereference)")
+                        "an image file or folder (a class tar included); a tar is read as regular files and folders "
+                        "only: make it with links dereferenced (tar -h --hard-dereference)")
 
 
 def is_tar_of_class_tars(listing: TarListing) -> bool:
