@@ -345,3 +345,18 @@ def test_a_one_pixel_image_batched_with_a_large_one_gets_a_crop_of_at_least_one_
         warnings.simplefilter("error")
         out = augment(images, [3, 4])  # interpolate asked for a 0x0 input before: a traceback
     assert out.shape == (2, 3, 16, 16) and torch.isfinite(out).all()
+
+
+# ------------------------------------------------------------------------------------------ the benchmark's rows
+@pytest.mark.parametrize("rows", ["I55 2", "I55 6"])
+def test_the_adversarial_benchmarks_round5_rows_run_and_pass(rows):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "adversarial.py"), "-k", rows, "--markdown"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root / "src")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = [line for line in done.stdout.splitlines() if line.startswith(f"| {rows} ")]
+    assert table and all("| yes |" in line for line in table), done.stdout
+    assert f"{len(table)} of {len(table)} cases handled cleanly" in done.stderr
