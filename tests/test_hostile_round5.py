@@ -140,6 +140,28 @@ def test_a_device_or_fifo_at_the_output_is_written_in_place_never_replaced(tmp_p
     assert got == ["rows\n"] and fifo.is_fifo()
 
 
+def test_a_symlink_to_a_pipe_is_written_through_and_one_to_another_device_refused(tmp_path):
+    fifo, link = tmp_path / "fifo", tmp_path / "stdout"
+    os.mkfifo(fifo)
+    link.symlink_to(fifo)  # /dev/stdout or `>(cmd)`'s /dev/fd/63: as root, a rename replaced /dev/stdout
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    for _ in range(200):
+        try:
+            atomic_write(link, lambda tmp: tmp.write_text("rows\n"))
+            break
+        except OSError:
+            threading.Event().wait(0.05)
+    reader.join()
+    assert got == ["rows\n"] and link.is_symlink()
+    if Path("/dev/zero").is_char_device():  # a link planted in an output folder may not aim a write at a device
+        (tmp_path / "zero").symlink_to("/dev/zero")
+        with pytest.raises(OSError, match="is a symlink to a device"):
+            atomic_write(tmp_path / "zero", lambda tmp: tmp.write_text("x"))
+        assert (tmp_path / "zero").is_symlink()
+
+
 # ------------------------------------------------------------------------------------------ 2: listing caches
 def _class_tar(tmp_path: Path, members: dict[str, bytes]) -> Path:
     return _tar_of(tmp_path / "data.tar", members)
