@@ -92,16 +92,17 @@ def _output_files(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _input_candidates(args: argparse.Namespace) -> list[str]:
-    """Every other argument's value that may name a file: as given, after a source's `kind:` and after a --set's
-    `key=` (resmlp.command_files keeps those naming an existing regular file as the command's inputs)."""
+    """Every other argument's value that may name a file: as given, each part between commas, after a source's
+    `kind:` and after a --set's `key=` (resmlp.command_files keeps those naming an existing regular file as the
+    command's inputs)."""
     values: list[str] = []
     for dest, value in vars(args).items():
         if dest in OUTPUT_DESTS or dest == "resume" or callable(value):  # --resume STATE: the run rewrites it
             continue
         for item in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(item, (str, Path)):
-                text = str(item)
-                values += [text, text.partition(":")[2], text.partition("=")[2]]
+                for text in {str(item), *str(item).replace("[", ",").replace("]", ",").split(",")}:
+                    values += [text, text.partition(":")[2], text.partition("=")[2]]  # --models a,b[k=v]: each
     return [v for v in values if v]
 
 
