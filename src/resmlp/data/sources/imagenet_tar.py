@@ -122,7 +122,7 @@ class TarRecords(MapRecords):
         stored = "" if member is None else "/".join(p for p in member.name.split("/") if p not in ("", "."))
         # a name of 99+ characters may be cut in the header block (its whole form precedes it): the size decides;
         # a pax tar writes a name outside ASCII there with "?" for each such character: compared in that form
-        cut = member is not None and len(member.name) >= 99
+        cut = member is not None and len(member.name.encode("utf-8", "surrogateescape")) >= 99  # bytes, not chars
         stored, name_ = (_ascii(stored), _ascii(name))
         if member is None or member.size != size or not (cut or name_ == stored or name_.endswith("/" + stored)):
             found = "no member header" if member is None else f"member {member.name!r} ({member.size} bytes)"
