@@ -1843,6 +1843,323 @@ def _(d: Path):
                                    env={"PYTHONPATH": f"{d / 'site'}{os.pathsep}{SRC}"}), "sacremoses")
 
 
+# ------------------------------------------------------------------------------------------ issue 55
+# One case (or a few) per mechanism of issue 55 (hostile inputs, fifth round: outputs that replace their own inputs,
+# caches trusted by size and time, numbers from files unbounded). Names start with "I55 N" (`-k I55` runs them).
+def _run55(d: Path) -> Path:
+    """A finished tiny run (its best.safetensors evaluates on synthetic data)."""
+    rc, err = cli("train", "--output", str(d / "run"), *TRAIN_TINY)
+    if rc:
+        raise RuntimeError(f"the tiny run failed: {err.splitlines()[-1] if err else rc}")
+    return d / "run"
+
+
+def _kept(path: Path, before: bytes, rc: int, err: str, words: str) -> tuple[bool, str]:
+    ok, how = clean_cli_failure(rc, err, words)
+    same = path.is_file() and path.read_bytes() == before
+    return ok and same, how + ("" if same else f"; {path.name} was replaced")
+
+
+@case("I55 1 `resmlp eval M --results M` (the checkpoint evaluated)")
+def _(d: Path):
+    model = _run55(d) / "best.safetensors"
+    before = model.read_bytes()
+    return _kept(model, before, *cli("eval", str(model), "--results", str(model), "--no-progress"), "an input")
+
+
+@case("I55 1 `resmlp eval RUN --real-labels real.json --results real.json`")
+def _(d: Path):
+    real = d / "real.json"
+    real.write_text(json.dumps([[0]] * 16))
+    return _kept(real, real.read_bytes(), *cli("eval", str(_run55(d)), "--real-labels", str(real), "--results",
+                                                str(real), "--no-progress"), "an input")
+
+
+@case("I55 1 `resmlp export M --format pt2 --output M`")
+def _(d: Path):
+    model = _run55(d) / "best.safetensors"
+    return _kept(model, model.read_bytes(), *cli("export", str(model), "--format", "pt2", "--output", str(model)),
+                 "an input")
+
+
+@case("I55 1 `resmlp eval RUN --output OUT --results OUT/summary.json`")
+def _(d: Path):
+    ok, how = clean_cli_failure(*cli("eval", str(_run55(d)), "--output", str(d / "out"), "--results",
+                                     str(d / "out" / "summary.json"), "--no-progress"), "both --results and")
+    return ok and not (d / "out" / "summary.json").exists(), how
+
+
+@case("I55 1 `resmlp predict M IMAGE --output IMAGE` (an input image)")
+def _(d: Path):
+    image = an_image(d / "x.png")
+    return _kept(image, image.read_bytes(), *cli("predict", str(_run55(d)), str(image), "--output", str(image)),
+                 "an input")
+
+
+@case("I55 1 `--results FIFO` that nobody reads")
+def _(d: Path):
+    os.mkfifo(d / "fifo")
+    ok, how = clean_cli_failure(*cli("eval", str(_run55(d)), "--results", str(d / "fifo"), "--no-progress"),
+                                "FIFO")
+    return ok and (d / "fifo").is_fifo(), how
+
+
+@case("I55 1 an output at a character device (a /dev/null made in the case's folder; root only)")
+def _(d: Path):
+    import stat
+
+    try:
+        os.mknod(d / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.close(os.open(d / "null", os.O_WRONLY))
+    except OSError as e:
+        return True, f"not run: no device can be made here ({e.strerror})"
+    atomic_write(d / "null", lambda tmp: tmp.write_text("rows\n"))
+    return (d / "null").is_char_device(), "written in place; still a character device" \
+        if (d / "null").is_char_device() else "replaced by a regular file"
+
+
+def _tar55(path: Path, members: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return path
+
+
+def _images55(n: int) -> dict[str, bytes]:
+    return {f"train/{c}/{i}.png": an_image(Path(tempfile.mkdtemp()) / "x.png").read_bytes()
+            for c in ("a", "b") for i in range(n)}
+
+
+@case("I55 2 a cached tar listing with its offsets reversed, names kept")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    tar = _tar55(d / "data.tar", _images55(2))
+    open_source(f"folder:{tar}", index_cache=d / "run").records("train")
+    (saved,) = (d / "run" / "data_index").glob("tar-*.npz")
+    with np.load(saved) as arrays:
+        arrays = {name: arrays[name] for name in arrays.files}
+    arrays["data_offsets"] = arrays["data_offsets"][::-1].copy()
+    np.savez(saved, **arrays)
+    records = open_source(f"folder:{tar}", index_cache=d / "run").records("train")
+    return refused(lambda: [records[i] for i in range(len(records))])
+
+
+@case("I55 2 a tar rewritten with its size and modification time kept (cp -p, rsync, touch -d)")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    members = {**_images55(1), "train/b/1.png": an_image(d / "y.png").read_bytes()}
+    tar = _tar55(d / "data.tar", dict(reversed(members.items())))
+    before = tar.stat()
+    open_source(f"folder:{tar}", index_cache=d / "run").records("train")
+    _tar55(tar, members)
+    os.utime(tar, ns=(before.st_atime_ns, before.st_mtime_ns))
+    records = open_source(f"folder:{tar}", index_cache=d / "run").records("train")
+    return refused(lambda: [records[i] for i in range(len(records))])
+
+
+@case("I55 2 a folder listing cache whose labels are all set to 0")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    data = image_folder(d / "data")
+    open_source(f"folder:{data}", index_cache=d / "run").records("train")
+    (saved,) = (d / "run" / "data_index").glob("train-*.npz")
+    with np.load(saved) as arrays:
+        arrays = {name: arrays[name] for name in arrays.files}
+    arrays["labels"] = np.zeros(len(arrays["offsets"]) - 1, np.int64)  # as earlier versions stored them
+    np.savez(saved, **arrays)
+    labels = open_source(f"folder:{data}", index_cache=d / "run").records("train").labels.tolist()
+    return labels == [0, 0, 1, 1], f"labels {labels} (from the names)"
+
+
+def _shard55(path: Path, records: int, label: int = 0) -> Path:
+    png = an_image(path.with_suffix(".png")).read_bytes()
+    return _tar55(path, {f"{i:06d}.{suffix}": data for i in range(records)
+                         for suffix, data in (("png", png), ("cls", str(label).encode()))})
+
+
+def _info55(folder: Path, splits: dict[str, tuple[list[str], list[int]]]) -> None:
+    (folder / "_info.json").write_text(json.dumps({"splits": {
+        name: {"filenames": names, "shard_lengths": lengths} for name, (names, lengths) in splits.items()}}))
+
+
+@case("I55 3 _info.json whose validation split names the train shards")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    _shard55(d / "a.tar", 2)
+    _info55(d, {"train": (["a.tar"], [2]), "validation": (["a.tar"], [2])})
+    return refused(lambda: open_source(f"wds:{d}"))
+
+
+@case("I55 3 a shard folder with a symlinked shard (followed, as _info.json and patterns follow it)")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    (d / "shards").mkdir()
+    _shard55(d / "shards" / "x-train-0.tar", 2)
+    (d / "shards" / "x-train-1.tar").symlink_to(_shard55(d / "real.tar", 3))
+    count = len(open_source(f"wds:{d / 'shards'}").records("train"))
+    return count == 5, f"{count} records of 5"
+
+
+@case("I55 3 a shard folder with a dangling .tar link")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    (d / "shards").mkdir()
+    _shard55(d / "shards" / "x-train-0.tar", 2)
+    (d / "shards" / "x-train-1.tar").symlink_to(d / "gone.tar")
+    return refused(lambda: open_source(f"wds:{d / 'shards'}"))
+
+
+@case("I55 3 a shard rewritten within the same second (mid-epoch fingerprint)")
+def _(d: Path):
+    from resmlp.data.sources.wds import ShardFiles
+
+    shard = _shard55(d / "a.tar", 1)
+    os.utime(shard, ns=(10 ** 18, 10 ** 18 + 100))
+    files = ShardFiles([str(shard)], [1], ["0"], None, "case")
+    before = files.fingerprint()
+    os.utime(shard, ns=(10 ** 18, 10 ** 18 + 900_000_000))
+    return files.fingerprint() != before, "the fingerprint changed" if files.fingerprint() != before \
+        else "the fingerprint is the same"
+
+
+@case("I55 4 a census cache whose largest label is 10^12")
+def _(d: Path):
+    from resmlp.data.sources import wds_census
+
+    shard = _shard55(d / "a.tar", 2, label=2)
+    wds_census.census([str(shard)], d / "run")
+    (saved,) = (d / "run" / "data_index").glob("wds-census-*.npz")
+    np.savez(saved, counts=np.asarray([2], np.int64), largest=np.asarray([10 ** 12], np.int64))
+    got = wds_census.census([str(shard)], d / "run")
+    return got == ([2], 2), f"census {got} (counted again)"
+
+
+@case("I55 4 _info.json shard_lengths of 10^30")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    _shard55(d / "a.tar", 2)
+    _info55(d, {"train": (["a.tar"], [10 ** 30])})
+    return refused(lambda: open_source(f"wds:{d}"))
+
+
+@case("I55 4 --real-labels with a class index of 2**63 - 1")
+def _(d: Path):
+    from resmlp.eval_extras import read_real_labels
+
+    (d / "real.json").write_text(json.dumps([[2 ** 63 - 1]]))
+    return refused(lambda: read_real_labels(d / "real.json"))
+
+
+@case("I55 4 `--resume` after the data's classes changed (a class folder split in two)")
+def _(d: Path):
+    data = image_folder(d / "data", splits=("train", "val"), per_class=4)
+    args = ["train", "--output", str(d / "run"), "--data", f"folder:{data}", *FOLDER_TINY]
+    rc, err = cli(*args)
+    if rc:
+        return False, f"the first run failed: {err.splitlines()[-1] if err else rc}"
+    for split in ("train", "val"):  # half of b's images become class c: the same images, steps and batches
+        (data / split / "c").mkdir()
+        for i in (2, 3):
+            (data / split / "b" / f"{i}.png").rename(data / split / "c" / f"{i}.png")
+    return clean_cli_failure(*cli(*args, "--resume", "--set", "schedule.epochs=2"), "classes changed")
+
+
+@case("I55 4 an evaluation of 30,003 classes (a K x K confusion matrix: 6.7 GiB before)")
+def _(d: Path):
+    code = ("import torch; from resmlp.evaluation import classify; m = torch.nn.Linear(2, 30003); "
+            "r = classify(m, [(torch.ones(4, 2), torch.zeros(4, dtype=torch.long), 0)], 30003, "
+            "torch.device('cpu'), 'fp32'); assert r['confusion'] is None; raise ValueError('scored')")
+    outcome, peak = in_child(code)
+    ok = "scored" in outcome and peak < PEAK_MIB
+    return ok, f"scored without a K x K matrix (peak {peak} MiB)" if ok else f"{outcome} (peak {peak} MiB)"
+
+
+@case("I55 5 a real.json with no scored image")
+def _(d: Path):
+    from resmlp.eval_extras import read_real_labels
+
+    (d / "real.json").write_text("[[], [], []]")
+    return refused(lambda: read_real_labels(d / "real.json"))
+
+
+@case("I55 5 ReaL labels of images named ILSVRC2012_val_%08d out of sorted order")
+def _(d: Path):
+    from resmlp.eval_extras import real_order
+
+    order = real_order(["a_ILSVRC2012_val_00000002.JPEG", "b_ILSVRC2012_val_00000001.JPEG"]).tolist()
+    return order == [1, 0], f"entry order {order} (by the names' numbers)"
+
+
+@case("I55 5 ReaL labels for a split missing one of ImageNet's numbers")
+def _(d: Path):
+    from resmlp.eval_extras import real_order
+
+    return refused(lambda: real_order(["ILSVRC2012_val_00000001.JPEG", "ILSVRC2012_val_00000003.JPEG"]))
+
+
+@case("I55 6 a linked <class>.tar member in ILSVRC2012_img_train.tar")
+def _(d: Path):
+    from resmlp.data.sources import open_source
+
+    inner = _tar55(d / "a.tar", {"a_0.png": an_image(d / "x.png").read_bytes()}).read_bytes()
+    tar = _tar55(d / "ILSVRC2012_img_train.tar", {"a.tar": inner}, {"b.tar": "/etc/passwd"})
+    return refused(lambda: open_source(f"folder:{tar}").records("train"))
+
+
+@case("I55 7 a 1x1 image batched with a 3000x3000 one (device pipeline, CPU form)")
+def _(d: Path):
+    from resmlp.data.device.augment import DeviceAugment
+
+    images = [torch.zeros(3, 1, 1, dtype=torch.uint8), torch.zeros(3, 3000, 3000, dtype=torch.uint8)]
+    shapes = {tuple(DeviceAugment(16, 3, (0.5,) * 3, (0.25,) * 3)(images, [seed, seed + 1]).shape)
+              for seed in range(8)}
+    return shapes == {(2, 3, 16, 16)}, f"batches of {sorted(shapes)}"
+
+
+@case("I55 8 a truncated JPEG on the device path")
+def _(d: Path):
+    import warnings
+
+    from resmlp.data.device.decode import encoded_item
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buffer, "JPEG")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        item = encoded_item(buffer.getvalue()[:1000], 0, (0, 0, 0, 0), "n01/cut.JPEG", 3, None)
+    named = [str(w.message) for w in seen if "n01/cut.JPEG" in str(w.message)]
+    return item is None and bool(named), (named or ["skipped without its name"])[0][:150]
+
+
+@case("I55 8 ILSVRC2012_img_train.tar holding 2 class tars")
+def _(d: Path):
+    import warnings
+
+    from resmlp.data.sources import open_source
+
+    png = an_image(d / "x.png").read_bytes()
+    tar = _tar55(d / "ILSVRC2012_img_train.tar", {f"{c}.tar": _tar55(d / f"{c}.tar", {f"{c}_0.png": png}).read_bytes()
+                                                  for c in ("a", "b")})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        open_source(f"folder:{tar}").records("train")
+    said = [str(w.message) for w in seen if "1,000" in str(w.message)]
+    return bool(said), (said or ["no word"])[0][:150]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")

@@ -101,7 +101,8 @@ def test_a_valid_label_subset_scores_the_models_logits_on_those_classes(run, tmp
     (tmp_path / "wrong.txt").write_text("0\n3\n4\n")  # the model's c0 is not the data's c1
     assert main(["eval", str(run / "run" / "last.safetensors"), "--data", f"folder:{tmp_path / 'sub'}", *EVAL,
                  "--valid-labels", str(tmp_path / "wrong.txt")]) == 2
-    assert "trained on classes" in capsys.readouterr().err
+    # the subset's names and the rule (issue 55: the model's unpermuted names were printed before)
+    assert "line 1 names model class 0 ('c0') for the dataset's class 0 ('c1')" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("flag", "text", "said"), [

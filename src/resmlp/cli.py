@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import resmlp
+from resmlp.command_files import command_scope
 from resmlp.errors import user_message
 
 # each module defines register(subparsers) and gives its parsers a `run(args) -> int` default
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = lambda message, *_, **__: f"resmlp {args.command}: note: {message}\n"
     try:
         _check_environment()
-        code = int(args.run(args) or 0)
+        with command_scope(_input_candidates(args), _output_files(args)):
+            code = int(args.run(args) or 0)
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
         return code
     except BrokenPipeError:
@@ -90,6 +92,30 @@ def quick_exit() -> None:
     import gc
 
     gc.freeze()
+
+
+OUTPUT_DESTS = ("output", "out", "results", "json", "plot")  # every argument naming what a command writes
+
+
+def _output_files(args: argparse.Namespace) -> dict[str, str]:
+    """{flag: path} of the command's outputs (resmlp.command_files: none may be an input or another output)."""
+    given = {dest: getattr(args, dest, None) for dest in OUTPUT_DESTS}
+    return {f"--{dest}": str(value) for dest, value in given.items() if isinstance(value, (str, Path))}
+
+
+def _input_candidates(args: argparse.Namespace) -> list[str]:
+    """Every other argument's value that may name a file: as given, each part between commas, after a source's
+    `kind:` and after a --set's `key=` (resmlp.command_files keeps those naming an existing regular file as the
+    command's inputs)."""
+    values: list[str] = []
+    for dest, value in vars(args).items():
+        if dest in OUTPUT_DESTS or dest == "resume" or callable(value):  # --resume STATE: the run rewrites it
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, (str, Path)):
+                for text in {str(item), *str(item).replace("[", ",").replace("]", ",").split(",")}:
+                    values += [text, text.partition(":")[2], text.partition("=")[2]]  # --models a,b[k=v]: each
+    return [v for v in values if v]
 
 
 LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "SLURM_NTASKS",

@@ -17,6 +17,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from resmlp.data.records import MAX_CLASSES
 from resmlp.errors import ConfigError, DataError
 from resmlp.fileio import atomic_write
 
@@ -37,10 +40,13 @@ def read_real_labels(path: str | Path) -> list[list[int]]:
     """real.json: a JSON list of lists of class indices, one per image (ImageNet-ReaL's file)."""
     value = _read_json(path, "--real-labels")
     if not isinstance(value, list) or not all(
-            isinstance(labels, list) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
+            isinstance(labels, list) and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < MAX_CLASSES
                                              for c in labels) for labels in value):
         raise DataError(f"--real-labels {path}: expected a JSON list with, per image, a list of class indices "
-                        "(ImageNet-ReaL's real.json)")
+                        f"(from 0, below {MAX_CLASSES:,}: ImageNet-ReaL's real.json)")
+    if value and not any(value):
+        raise DataError(f"--real-labels {path}: none of its {len(value):,} images has a valid label, so there is no "
+                        "ReaL score to give; name ImageNet-ReaL's real.json")
     return value
 
 
@@ -108,9 +114,26 @@ class TopKRecorder(nn.Module):
         return both[:, :k].astype(np.int64), both[:, k:].astype(np.float32)
 
 
-def real_order(names: Sequence[str]) -> np.ndarray:
-    """For each of real.json's entries, the dataset index of its image: the files sorted by file name."""
-    return np.argsort([Path(name).name for name in names], kind="stable")
+VAL_NUMBER = re.compile(r"ILSVRC2012_val_(\d{8})\b")  # ImageNet's val file names, the numbers real.json follows
+
+
+def real_order(names: Sequence[str], path: str | Path = "real.json") -> np.ndarray:
+    """For each of real.json's entries, the dataset index of its image: by the number in the file name
+    (ILSVRC2012_val_%08d, entry number - 1, as timm's RealLabelsImagenet matches them) where every name carries
+    one, else the files sorted by file name. DataError when the numbers are not each entry once."""
+    numbers = [VAL_NUMBER.search(Path(name).name) for name in names]
+    if not names or not all(numbers):
+        return np.argsort([Path(name).name for name in names], kind="stable")
+    entry = np.asarray([int(m.group(1)) - 1 for m in numbers], dtype=np.int64)
+    order = np.full(len(names), -1, dtype=np.int64)
+    inside = (entry >= 0) & (entry < len(names))
+    order[entry[inside]] = np.nonzero(inside)[0]
+    if not inside.all() or (order < 0).any():
+        bad = next((Path(n).name for n, ok in zip(names, inside, strict=True) if not ok), None)
+        raise DataError(f"--real-labels {path} has an entry per image ILSVRC2012_val_00000001 to _{len(names):08d}, "
+                        f"but the split's file names " + (f"include {bad}" if bad else "repeat a number") +
+                        "; evaluate ImageNet's val split as it ships, named by its numbers")
+    return order
 
 
 def real_accuracy(top: np.ndarray, labels_per_image: Sequence[Sequence[int]], num_classes: int,
@@ -124,10 +147,10 @@ def real_accuracy(top: np.ndarray, labels_per_image: Sequence[Sequence[int]], nu
     cols = np.fromiter((c for labels in labels_per_image for c in labels), dtype=np.int64, count=len(rows))
     if len(cols) and cols.max() >= num_classes:
         raise DataError(f"--real-labels {path}: class {cols.max()} but the model predicts {num_classes} classes")
-    valid = np.zeros((len(top), num_classes), dtype=bool)
-    valid[rows, cols] = True
-    hits = np.take_along_axis(valid, top, axis=1)
-    scored = valid.any(axis=1)  # an image with no valid label is left out
+    # per (image, valid label) pair, where it stands in the image's top-k: images x k cells, never images x classes
+    hits = np.zeros(top.shape, dtype=bool)
+    np.logical_or.at(hits, rows, top[rows] == cols[:, None])
+    scored = np.asarray([bool(labels) for labels in labels_per_image], dtype=bool)  # no label: left out
     n = max(int(scored.sum()), 1)
     return {f"real_top{k}": (100.0 * float(hits[scored, :k].any(axis=1).sum()) / n
                              if k < num_classes or k == 1 else None) for k in REAL_TOPK}
@@ -220,9 +243,14 @@ class EvalExtras:
                 raise DataError(f"--real-labels {self.real_labels} lists {len(self.real)} images but the split has "
                                 f"{len(files)}; the file has one entry per image of the split")
             per_image: list[list[int]] = [[] for _ in files]
-            for entry, index in zip(self.real, real_order(files), strict=True):
+            for entry, index in zip(self.real, real_order(files, self.real_labels), strict=True):
                 per_image[index] = entry
             out.update(real_accuracy(model_top[:, :max(REAL_TOPK)], per_image, model_classes, self.real_labels))
+            left_out = sum(not labels for labels in per_image)
+            out["real_left_out"] = left_out  # images without a valid label: not in the ReaL scores (timm's rule)
+            if left_out:
+                warnings.warn(f"ImageNet-ReaL: {left_out:,} of {len(per_image):,} images have no valid label in "
+                              f"{self.real_labels} and are left out of the ReaL scores (as timm does)", stacklevel=2)
         if self.results is not None:
             k = min(self.topk, top.shape[1])
             out["results"] = str(write_results(self.results, files, [class_names[i] for i in labels], top[:, :k],

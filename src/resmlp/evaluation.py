@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from resmlp.command_files import claim_outputs, note_inputs
 from resmlp.data import ShardSampler, build_dataset, heldout_split, resolve_data
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.device.batch_augment import BatchAugment, eval_batches
@@ -37,6 +38,9 @@ from resmlp.runtime import (
 EVAL_BATCH_SIZE = 256  # `resmlp eval`'s default, and the batch of a run's final test scoring: same batches, same number
 
 
+MAX_CONFUSION_CELLS = 1 << 22  # 2,048 classes: ImageNet-1k's 10^6 cells; 100,000 classes would be 74.5 GiB of int64
+
+
 @torch.no_grad()
 def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torch.device, amp: str,
              info: DistInfo | None = None) -> dict[str, Any]:
@@ -46,7 +50,11 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
     The sums stay on `device` and are read once at the end: a GPU never waits for the host between batches.
     """
     model.eval()
-    confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device)
+    # the K x K matrix only where it is small (MAX_CONFUSION_CELLS): bounded by what is allocated, not by the
+    # class list's bound; beyond it, each class's hits and images (2K cells) give top-1 and per-class top-1
+    dense = num_classes * num_classes <= MAX_CONFUSION_CELLS
+    confusion = torch.zeros(num_classes * num_classes if dense else 2 * num_classes, dtype=torch.int64,
+                            device=device)
     # loss sum, top-5 hits, non-finite batches (float64: integer counts stay exact below 2**53)
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     images, skipped = 0, 0  # known on the host: no read
@@ -62,8 +70,13 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
                              else torch.zeros((), device=device),
                              (~torch.isfinite(logits).all())]).double()
         # scatter_add, not bincount: bincount sizes its output from the data, a host read on a GPU
-        cell = targets * num_classes + logits.argmax(dim=1)
-        confusion.scatter_add_(0, cell, torch.ones_like(cell))
+        predicted = logits.argmax(dim=1)
+        if dense:
+            cell = targets * num_classes + predicted
+            confusion.scatter_add_(0, cell, torch.ones_like(cell))
+        else:
+            confusion.scatter_add_(0, torch.cat([targets, targets + num_classes]),
+                                   torch.cat([(predicted == targets).long(), torch.ones_like(targets)]))
         images += len(targets)
         skipped += batch_skipped
     counts = sums.new_empty(2)  # the host's counts written by two fills: no host data copied up
@@ -75,11 +88,13 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
     loss_sum, top5_hits, bad, images, skipped = values[:5]
     if bad:
         raise ValueError("the model's outputs are NaN or infinite (non-finite weights?); no accuracy to report")
-    confusion = np.rint(values[5:]).astype(np.int64).reshape(num_classes, num_classes)
+    cells = np.rint(values[5:]).astype(np.int64)
+    confusion = cells.reshape(num_classes, num_classes) if dense else None
+    hits, counts = (np.diag(confusion), confusion.sum(axis=1)) if dense else np.split(cells, 2)
     n = max(images, 1)
-    return dict(loss=loss_sum / n, top1=100.0 * int(confusion.trace()) / n,
+    return dict(loss=loss_sum / n, top1=100.0 * int(hits.sum()) / n,
                 top5=100.0 * top5_hits / n if top5 else None, images=int(images), skipped=int(skipped),
-                confusion=confusion)
+                confusion=confusion, class_hits=hits, class_images=counts)
 
 
 def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: int, num_workers: int,
@@ -108,9 +123,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if not best.is_file():
             raise FileNotFoundError(f"{path} is a folder without best.safetensors; name a checkpoint file or a "
                                     "finished run folder")
-        return best
+        path = best
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    note_inputs(path)  # an output of this command may not replace it (resmlp.command_files)
     return path
 
 
@@ -144,6 +160,10 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     check_device_name(device)
     extras = EvalExtras.read(real_labels, valid_labels, results, topk)  # the files checked before any work
     checkpoint = resolve_checkpoint(checkpoint)
+    # no output may be another, nor an input, the checkpoint included (resmlp.command_files): refused before any work
+    claim_outputs({"--results": results} if output is None else
+                  {"--results": results, "the summary": Path(output) / "summary.json",
+                   "the confusion matrix": Path(output) / "confusion_matrix.png"})
     options: dict[str, Any] = {}
     spec = resolve_data(data, data_dir) if data is not None else None
     if spec is None and data_dir is None:
@@ -167,6 +187,12 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                          "for a subset of its classes pass --valid-labels FILE (ImageNet-A/R)")
     model_names = ([loaded.class_names[i] for i in extras.valid] if loaded.class_names and extras.valid is not None
                    else loaded.class_names)
+    if model_names and list(model_names) != list(names) and extras.valid is not None:
+        at = next(i for i, (a, b) in enumerate(zip(model_names, names, strict=True)) if a != b)
+        raise ValueError(f"--valid-labels {extras.valid_labels}: line {at + 1} names model class {extras.valid[at]} "
+                         f"({model_names[at]!r}) for the dataset's class {at} ({names[at]!r}); line i names the "
+                         "model class scored as the dataset's class i (the subset as listed: "
+                         f"{list(model_names[:5])}...; the dataset's: {list(names[:5])}...)")
     if model_names and list(model_names) != list(names):
         raise ValueError(f"{checkpoint} was trained on classes {loaded.class_names[:5]}... but the dataset's "
                          f"are {names[:5]}...; evaluate on the dataset it was trained for")
@@ -186,9 +212,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     result = classify(extras.wrap(loaded.model).to(torch_device), batches, len(names), torch_device, precision)
     scored = (extras.finish(image_files(dataset), dataset_labels(dataset), names, num_classes, result["skipped"])
               if extras.per_image else {})
-    confusion = result.pop("confusion")
-    per_class = {name: round(100.0 * confusion[i, i] / max(confusion[i].sum(), 1), 2)
-                 for i, name in enumerate(names)}
+    confusion, hits, counts = result.pop("confusion"), result.pop("class_hits"), result.pop("class_images")
+    per_class = {name: round(100.0 * hits[i] / max(counts[i], 1), 2) for i, name in enumerate(names)}
     # keys named by the split scored (test_top1 as a training run's summary, val_top1...), and top1/top5 whatever it is
     summary = dict(top1=result["top1"], top5=result["top5"], **{f"{split}_top1": result["top1"],
                                                                   f"{split}_top5": result["top5"]},
@@ -202,7 +227,10 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     if announce is not None:
         announce(summary)
     if output is not None:  # only where asked: never beside the checkpoint, whose folder may be read-only
-        if plot:
+        if plot and confusion is None:
+            summary["confusion_matrix"] = (f"not made: {len(names):,} classes make more than the "
+                                           f"{MAX_CONFUSION_CELLS:,} cells it may have")
+        elif plot:
             png = reporting.plot_confusion_matrix(Path(output) / "confusion_matrix.png", confusion, names)
             summary["confusion_matrix"] = str(png.resolve())
         reporting.write_json(Path(output) / "summary.json", summary)

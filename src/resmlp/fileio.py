@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from resmlp.command_files import check_target
 from resmlp.errors import OutputError
 
 _TMP_SUFFIX = ".tmp"
@@ -52,8 +53,16 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
 
     `write` may replace the (empty) temporary file or write into it. On any failure (including a full
     disk) the temporary is removed and the previous `path`, if any, is left untouched.
+
+    Refused (OutputError): an input of the running command (resmlp.command_files), a block device, a socket. A
+    character device or a FIFO at `path` (/dev/null, a pipe), or a symlink to a FIFO, a terminal or /dev/null
+    (/dev/stdout), is written in place, never replaced by a rename.
     """
     path = Path(path)
+    check_target(path)
+    special = _special_file(path)
+    if special is not None:
+        return _write_in_place(path, write, through=special == "through")
     _make_folder(path.parent)
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
@@ -77,6 +86,65 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
+    return path
+
+
+def _special_file(path: Path) -> str | None:
+    """"here" for a character device or a FIFO at `path` itself, "through" for a symlink to one (/dev/stdout,
+    /dev/fd/63 of `>(cmd)`), None for anything else (a symlink to a file is replaced, as any file); OutputError for
+    a block device or a socket, which no output of this project may be."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+        target = os.stat(path).st_mode if stat.S_ISLNK(mode) else mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISCHR(target) or stat.S_ISFIFO(target):
+        return "through" if stat.S_ISLNK(mode) else "here"
+    if stat.S_ISBLK(target) or stat.S_ISSOCK(target):
+        what = "a block device" if stat.S_ISBLK(target) else "a socket"
+        raise OutputError(f"{path} is {what}, not a file; choose a file (or /dev/null, a FIFO) as the output")
+    return None
+
+
+_DEV_NULL = os.makedev(1, 3)
+
+
+def _write_in_place(path: Path, write: Callable[[Path], None], through: bool = False) -> Path:
+    """`write` into a private temporary file, then its bytes into the device or FIFO at `path` (opened without
+    creating or truncating; a FIFO without a reader is refused rather than waited on). `through`: `path` is a
+    symlink, followed only to a FIFO, a terminal or /dev/null (a link planted in an output folder can't point a
+    write at another device)."""
+    import shutil
+    import stat
+
+    try:
+        out = os.open(path, os.O_WRONLY | os.O_NONBLOCK | (0 if through else os.O_NOFOLLOW))
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise OutputError(f"{path} is a FIFO that nobody reads; start its reader first or choose a file") \
+                from None
+        raise type(e)(e.errno, e.strerror, str(path)) from None
+    try:
+        info = os.fstat(out)
+        if not (stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
+            raise OutputError(f"{path} was replaced while it was opened; choose another output path")
+        if through and stat.S_ISCHR(info.st_mode) and info.st_rdev != _DEV_NULL and not os.isatty(out):
+            raise OutputError(f"{path} is a symlink to a device ({os.path.realpath(path)}); name the device itself "
+                              "if it is meant, or choose a file")
+        os.set_blocking(out, True)
+        with tempfile.TemporaryDirectory(prefix="resmlp-out-") as folder:
+            tmp = Path(folder) / path.name
+            tmp.touch(mode=0o600)
+            try:
+                write(tmp)
+            except Exception as e:
+                raise _as_disk_error(e, path, tmp) from e
+            with open(tmp, "rb") as src, os.fdopen(os.dup(out), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    finally:
+        os.close(out)
     return path
 
 

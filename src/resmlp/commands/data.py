@@ -28,10 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_shards(args: argparse.Namespace) -> int:
+    from resmlp.command_files import note_folder_inputs
     from resmlp.data.shards import parse_size, write_shards
     from resmlp.data.sources import open_source
 
     size = parse_size(args.shard_size)
+    for named in (args.source, args.source.partition(":")[2]):  # shards written over the source's would replace it
+        note_folder_inputs(named)
     source = open_source(args.source, class_map=args.class_map)
     index = write_shards(source, args.out, size, args.seed, args.shard_records, args.val_size)
     shards = sum(len(v) for v in index["splits"].values())

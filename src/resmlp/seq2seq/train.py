@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from resmlp.command_files import note_inputs
 from resmlp.errors import CheckpointError, ConfigError
 from resmlp.fileio import atomic_write, guarded_subfolder, output_lock, remove_stale_temporaries
 from resmlp.hostinfo import host_info
@@ -180,6 +181,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"
     _refuse_image_checkpoints(path, out)
     ckpt = load_checkpoint(out / CHECKPOINT if path.is_dir() else path)
     tok = Tokenizer.load(out / TOKENIZER)
+    note_inputs(out / CHECKPOINT if path.is_dir() else path, out / TOKENIZER)  # no output of the command replaces them
     model = model_from_checkpoint(ckpt)
     if len(tok) != model.config.vocab_size:
         raise CheckpointError(f"{out / TOKENIZER} has {len(tok)} pieces but the checkpoint's model "

@@ -123,6 +123,18 @@ def check_same_shards(trainer: TrainerView, state: dict[str, Any]) -> None:
                          "rsync -a), or start a new run")
 
 
+def check_same_shapes(trainer: TrainerView, saved: dict[str, Any]) -> None:
+    """One line, not load_state_dict's traceback, when the model built for the data now differs from the saved
+    one: the data's classes changed since the run started (a folder, a class map or a cached census altered)."""
+    built = trainer.model.state_dict()
+    for key, value in saved.items():
+        if key in built and hasattr(value, "shape") and tuple(value.shape) != tuple(built[key].shape):
+            raise ValueError(f"{trainer.state_path} holds a model whose {key} is {tuple(value.shape)}, but the one "
+                             f"built for the data now is {tuple(built[key].shape)}: the data's classes changed "
+                             "since the run started (a folder, a class map, or a cached listing in data_index/); "
+                             "restore them, or start a new run")
+
+
 def state_to_resume(out: Path, resume: bool | str | Path) -> Path | None:
     """The state file a run continues (resume True: OUT/last.pth), None for a new run; refuses to start a new
     run over an existing one."""
@@ -177,6 +189,7 @@ def restore(trainer: TrainerView, state: dict[str, Any]) -> None:
     check_same_epochs(trainer, state)
     check_same_stream_layout(trainer, state)
     check_same_shards(trainer, state)
+    check_same_shapes(trainer, state["model"])
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     if trainer.ema is not None and state["ema"] is not None:

@@ -74,8 +74,10 @@ def crop_boxes(u: np.ndarray, heights: np.ndarray, widths: np.ndarray, scale: Se
     in_ratio = widths / heights
     fall_w = np.where(in_ratio > max(ratio), np.round(heights * max(ratio)), widths)
     fall_h = np.where(in_ratio < min(ratio), np.round(widths / min(ratio)), heights)
-    w = np.where(found, w_try[rows, first], fall_w)
-    h = np.where(found, h_try[rows, first], fall_h)
+    # at least 1x1: timm's rounding gives a 0-pixel box on a 1-pixel side (area * 0.08 rounds to 0), which no
+    # resize can take; the image's own side bounds it (a side of 1 stays 1)
+    w = np.maximum(np.where(found, w_try[rows, first], fall_w), 1)
+    h = np.maximum(np.where(found, h_try[rows, first], fall_h), 1)
     top = np.where(found, np.floor(u[:, 2 * ATTEMPTS] * (heights - h + 1)), (heights - h) // 2)
     left = np.where(found, np.floor(u[:, 2 * ATTEMPTS + 1] * (widths - w + 1)), (widths - w) // 2)
     return np.stack([top, left, h, w], 1).astype(np.int64)

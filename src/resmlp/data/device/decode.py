@@ -53,13 +53,23 @@ def device_decodable(payload: bytes, what: str, max_pixels: int | None = None) -
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(payload)) as img:
                 check_image_size(img.width, img.height, f"image {what}", max_pixels or max_image_pixels())
+                # a JPEG cut short (no end-of-image marker) is decoded here, where its failure names its file
                 plain = (img.format == "JPEG" and img.mode in JPEG_MODES
-                         and img.getexif().get(EXIF_ORIENTATION, 1) in (0, 1))
+                         and img.getexif().get(EXIF_ORIENTATION, 1) in (0, 1) and _ends_whole(payload))
                 return plain, (img.height, img.width)
     except DataError:
         raise
     except Exception as e:  # PIL raises many types for damaged headers
         raise DataError(f"cannot read image {what}: {type(e).__name__}: {e}") from None
+
+
+JPEG_END = b"\xff\xd9"  # the end-of-image marker (ITU T.81, B.2.1)
+
+
+def _ends_whole(payload: bytes) -> bool:
+    """Whether the JPEG ends with its end-of-image marker (trailing zero padding allowed): a file cut short
+    doesn't, and the device decoder would take it with its file name lost (decode_batch sees bytes only)."""
+    return bytes(payload[-4096:]).rstrip(b"\0").endswith(JPEG_END)
 
 
 def pixels(payload: Any, in_chans: int, max_pixels: int | None, what: str,

@@ -230,25 +230,30 @@ def cached_records(split_dir: Path, root: Path, split: str, classes: list[str], 
     records = split_records(split_dir, root, split, classes, mapped, visited)
     folders = PackedNames.pack(visited)
     mtimes = np.asarray([os.stat(split_dir / f).st_mtime_ns for f in visited], dtype=np.int64)
-    save_index(path, {"buffer": records.names.buffer, "offsets": records.names.offsets, "labels": records.labels,
+    save_index(path, {"buffer": records.names.buffer, "offsets": records.names.offsets,
                       "folder_buffer": folders.buffer, "folder_offsets": folders.offsets, "mtimes": mtimes})
     return records
 
 
 def _restore(saved: dict[str, np.ndarray], split_dir: Path, classes: list[str]) -> FileRecords | None:
-    """The cached records, if the cache is well formed, its names safe, its labels in range and every listed
-    folder unchanged; else None (list again)."""
+    """The cached records, if the cache is well formed, its names safe, each in a class folder of `classes` and
+    every listed folder unchanged; else None (list again). The labels are derived from the names (`<class>/...`),
+    as listing derives them: a label number stored in the cache (earlier versions wrote them) is never read."""
     try:
         names = PackedNames(saved["buffer"], saved["offsets"])
         folders = PackedNames(saved["folder_buffer"], saved["folder_offsets"])
-        labels, mtimes = saved["labels"], saved["mtimes"]
+        mtimes = saved["mtimes"]
     except KeyError:
         return None
     if not (safe_names(names.buffer, names.offsets) and safe_names(folders.buffer, folders.offsets)):
         return None
-    if labels.dtype != np.int64 or len(labels) != len(names) or len(mtimes) != len(folders):
+    if len(mtimes) != len(folders):
         return None
-    if len(labels) and not 0 <= labels.min() <= labels.max() < len(classes):
+    index = {name: i for i, name in enumerate(classes)}
+    data, bounds = names.buffer.tobytes(), names.offsets.tolist()
+    labels = np.asarray([index.get(data[a:b].decode("utf-8", "surrogateescape").partition("/")[0], -1)
+                         for a, b in zip(bounds[:-1], bounds[1:], strict=True)], dtype=np.int64)
+    if len(labels) and labels.min() < 0:  # a name outside every class folder: not this split's listing
         return None
     try:
         now = [os.stat(split_dir / folders[i]).st_mtime_ns for i in range(len(folders))]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ from resmlp.data.sources.imagenet import (
 from resmlp.data.sources.index_cache import index_path, load_index, save_index
 from resmlp.data.sources.tar_listing import TarListing, listing_arrays, restore_listing
 from resmlp.data.sources.walk import MAX_WALK_ENTRIES
-from resmlp.errors import DataError
+from resmlp.errors import ConfigError, DataError
 
 # magic numbers of the compressions tarfile could open but not at an offset: gzip, bzip2, xz, zstd
 COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
@@ -72,6 +73,7 @@ DOWNLOADS = {"train": "ILSVRC2012_img_train.tar", "val": "ILSVRC2012_img_val.tar
 SYNSET_MAPPING = "LOC_synset_mapping.txt"
 GROUND_TRUTH_FILES = ("LOC_val_solution.csv", "val.txt")
 MAX_MEMBER_NAME_CHARS = 4096  # PATH_MAX on Linux: no extracted file could have a longer name
+IMAGENET_1K_CLASSES = 1000  # the class tars of ILSVRC2012_img_train.tar (image-net.org's ILSVRC2012 download)
 MAX_MEMBER_DEPTH = 64  # folders deep; ImageNet's names are 2-3 deep (train/<class>/<image>)
 
 
@@ -98,13 +100,36 @@ class TarRecords(MapRecords):
         if size > MAX_IMAGE_FILE_BYTES:
             raise DataError(f"image {self.name(index)} is larger than {MAX_IMAGE_FILE_BYTES} bytes; no dataset "
                             "image is")
-        try:
-            data = os.pread(self._descriptor(), size, offset)
+        try:  # the member's header block with its data: one read
+            data = os.pread(self._descriptor(), size + BLOCK, offset - BLOCK)
         except OSError as e:
             raise DataError(f"cannot read image {self.name(index)}: {type(e).__name__}: {e}") from None
-        if len(data) != size:
-            raise DataError(f"image {self.name(index)} is truncated: {len(data)} of {size} bytes (the tar changed?)")
-        return data
+        if len(data) != size + BLOCK:
+            raise DataError(f"image {self.name(index)} is truncated: {len(data) - BLOCK} of {size} bytes (the tar "
+                            "changed?)")
+        self._check_header(index, data[:BLOCK], size, offset)
+        return data[BLOCK:]
+
+    def _check_header(self, index: int, block: bytes, size: int, offset: int) -> None:
+        """ConfigError unless the header before the data is this record's member (its name and size): a listing,
+        fresh or cached by size and time, read at offsets where the tar now holds other members (a tar rewritten
+        in place with its size and time kept, an altered cache) would give images another's label."""
+        name = f"{self.prefix}{self.names[index]}"
+        try:
+            member = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        except tarfile.HeaderError:
+            member = None
+        stored = "" if member is None else "/".join(p for p in member.name.split("/") if p not in ("", "."))
+        # a name of 99+ characters may be cut in the header block (its whole form precedes it): the size decides;
+        # a pax tar writes a name outside ASCII there with "?" for each such character: compared in that form
+        cut = member is not None and len(member.name.encode("utf-8", "surrogateescape")) >= 99  # bytes, not chars
+        stored, name_ = (_ascii(stored), _ascii(name))
+        if member is None or member.size != size or not (cut or name_ == stored or name_.endswith("/" + stored)):
+            found = "no member header" if member is None else f"member {member.name!r} ({member.size} bytes)"
+            raise ConfigError(f"{self.tar}: byte {offset - BLOCK} holds {found}, not {name} ({size} bytes) as listed: "
+                              "the tar was rewritten since it was listed (its size and time kept) or its cached "
+                              "listing (data_index/tar-*.npz) was altered; delete the run's data_index/ to list it "
+                              "again")
 
     def name(self, index: int) -> str:
         return f"{self.tar}:{self.prefix}{self.names[index]}"
@@ -119,6 +144,10 @@ class TarRecords(MapRecords):
     def __del__(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
             os.close(self._fd)
+
+
+def _ascii(name: str) -> str:
+    return name.encode("ascii", "replace").decode("ascii")
 
 
 def tar_source(spec: SourceSpec, class_map: str | None = None, index_cache: str | Path | None = None) -> Source:
@@ -305,12 +334,15 @@ def _next_member(archive: tarfile.TarFile, where: str, end: int) -> tarfile.TarI
 def _refuse_links(where: str, links: list[str], listing: TarListing) -> None:
     """Links, devices and FIFOs are never followed: one where an image, a folder or a class folder would be
     (a name without a suffix) is refused in one line; others (a README link) are ignored."""
+    # in a tar of class tars (only .tar files, no folders: ILSVRC2012_img_train.tar), a linked `<class>.tar` is a
+    # class folder linked: refused as one, not dropped with its class
+    class_tars = not listing.folders and all(name.endswith(".tar") for name in listing.files)
     refused = [name for name in links if is_image_name(name) or name in listing.folders
-               or "." not in name.rpartition("/")[2]]
+               or "." not in name.rpartition("/")[2] or (class_tars and name.endswith(".tar"))]
     if refused:
         raise DataError(f"{where}: member {refused[0]} (and {len(refused) - 1} more) is a link, device or FIFO, not "
-                        "an image file or folder; a tar is read as regular files and folders only: make it with "
-                        "links dereferenced (tar -h --hard-dereference)")
+                        "an image file or folder (a class tar included); a tar is read as regular files and folders "
+                        "only: make it with links dereferenced (tar -h --hard-dereference)")
 
 
 def is_tar_of_class_tars(listing: TarListing) -> bool:
@@ -363,6 +395,10 @@ def _strip_top_folder(listing: TarListing) -> TarListing:
 def _checked_class_folders(tar: str, listing: TarListing, split_dir: str) -> list[str]:
     """The class folders of a split inside the tar, bounded as every class list (check_class_names)."""
     found = _class_folders(listing, split_dir)
+    if found and os.path.basename(tar) == DOWNLOADS["train"] and len(found) != IMAGENET_1K_CLASSES:
+        warnings.warn(f"{tar} carries the name of ImageNet-1k's training download but holds {len(found):,} class "
+                      f"tars, not ImageNet-1k's {IMAGENET_1K_CLASSES:,}: the run has {len(found):,} classes",
+                      stacklevel=2)
     return check_class_names(found, f"{tar}:{listing.prefix}{split_dir}/") if found else found
 
 

@@ -3,17 +3,22 @@
 
 Listing ILSVRC2012_img_train.tar reads 1.28 M headers spread over the whole archive; the cached listing is a few
 arrays. A cached listing is input like the tar itself: every name is checked (relative, no `..`), every member
-must lie inside the tar, or the cache is ignored and the tar listed again.
+must lie inside the tar, or the cache is ignored and the tar listed again. A cache is keyed by the tar's size and
+modification time, which a rewrite can keep (cp -p, rsync, touch -d): each read also reads the member's header
+block and compares its name and size (imagenet_tar.TarRecords), so no record is read at another member's offset.
 """
 
 from __future__ import annotations
 
+import tarfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from resmlp.data.sources.imagenet import PackedNames
 from resmlp.data.sources.index_cache import safe_names
+
+BLOCK = tarfile.BLOCKSIZE  # every member's data follows its header block
 
 
 @dataclass
@@ -51,7 +56,7 @@ def restore_listing(saved: dict[str, np.ndarray] | None, tar_size: int) -> TarLi
     if data_offsets.dtype != np.int64 or sizes.dtype != np.int64 or not len(data_offsets) == len(sizes) == len(
             names[1]) - 1:
         return None
-    if len(sizes) and (data_offsets.min() < 0 or sizes.min() < 0 or (data_offsets + sizes).max() > tar_size):
+    if len(sizes) and (data_offsets.min() < BLOCK or sizes.min() < 0 or (data_offsets + sizes).max() > tar_size):
         return None
     files = dict(zip(_unpack(*names), zip(data_offsets.tolist(), sizes.tolist(), strict=True), strict=True))
     return TarListing(files, set(_unpack(*folders)), _unpack(*prefix)[0])

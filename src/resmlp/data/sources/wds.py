@@ -61,7 +61,7 @@ class ShardFiles(ShardedRecords):
         digest = hashlib.sha256()
         for path in self.paths:
             stat = os.stat(path)
-            digest.update(f"{os.path.basename(path)}\0{stat.st_size}\0{int(stat.st_mtime)}\0".encode())
+            digest.update(f"{os.path.basename(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
         return digest.hexdigest()
 
     def read_shard(self, index: int) -> Iterator[tuple[str, Payload, int]]:

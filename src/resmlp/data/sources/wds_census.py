@@ -58,7 +58,18 @@ def info_splits(folder: Path, max_shards: int) -> dict[str, tuple[list[str], lis
                 or len(set(names)) != len(names):
             raise DataError(f"{path}: split {name!r} needs filenames (plain names in this folder, each once) and "
                             "as many shard_lengths (whole numbers from 0)")
+        for n, c in zip(names, lengths, strict=True):  # a record takes a header block at least: counts bounded
+            if os.path.isfile(folder / n) and c > os.path.getsize(folder / n) // tarfile.BLOCKSIZE:
+                raise DataError(f"{path}: split {name!r} says shard {n} holds {c:,} records, more than its "
+                                f"{os.path.getsize(folder / n):,} bytes can (a record takes {tarfile.BLOCKSIZE} at "
+                                "least); write an index with resmlp data shards instead")
         found[ours] = ([str(folder / n) for n in names], lengths)
+    shared = [(a, b, n) for a in found for b in found if a < b for n in set(found[a][0]) & set(found[b][0])]
+    if shared:  # as read_index: a shard in two splits would score validation on training records
+        a, b, n = shared[0]
+        raise DataError(f"{path}: shard {os.path.basename(n)} is in both the {a} and the {b} split (and "
+                        f"{len(shared) - 1} more); a shard belongs to one split: fix the file or write an index "
+                        "with resmlp data shards")
     if "train" not in found:
         raise DataError(f"{path} names no train split (it has {', '.join(map(str, splits))})")
     return found
@@ -78,7 +89,13 @@ def info_classes(folder: Path) -> list[str] | int | None:
 
 def discover(folder: Path, max_shards: int) -> dict[str, list[str]]:
     """The `*.tar` files of `folder` by split, from the split word in each name (see the module doc)."""
-    tars = sorted(e.path for e in os.scandir(folder) if e.name.endswith(".tar") and e.is_file(follow_symlinks=False))
+    # one rule for every form (_info.json, patterns, this): a shard is a regular file, links to one followed;
+    # a .tar that is none (a dangling link, a FIFO, a folder) is refused by name, not skipped without a word
+    tars = sorted(e.path for e in os.scandir(folder) if e.name.endswith(".tar"))
+    odd = [p for p in tars if not os.path.isfile(p)]
+    if odd:
+        raise DataError(f"{odd[0]} (and {len(odd) - 1} more) is not a regular file nor a link to one; a shard is a "
+                        "tar file: remove it or fix the link")
     if not tars:
         raise FileNotFoundError(f"{folder} holds no index.json, no {INFO_NAMES[0]} and no .tar shards")
     if len(tars) > max_shards:
@@ -103,8 +120,11 @@ def census(paths: list[str], cache: str | Path | None) -> tuple[list[int], int]:
     key = "\0".join(f"{p}\0{s.st_size}\0{s.st_mtime_ns}" for p, s in zip(paths, stats, strict=True))
     cached = index_path(cache, "wds-census", key) if cache is not None else None
     kept = load_index(cached) if cached is not None and cached.is_file() else None
+    # every number bounded before use: a largest label past MAX_CLASSES would name a class list of that length
     if kept is not None and set(kept) == {"counts", "largest"} and len(kept["counts"]) == len(paths) \
-            and (kept["counts"] >= 0).all() and kept["largest"].shape == (1,):
+            and (kept["counts"] >= 0).all() and kept["largest"].shape == (1,) \
+            and -1 <= int(kept["largest"][0]) <= MAX_CLASSES \
+            and all(int(c) <= s.st_size // tarfile.BLOCKSIZE for c, s in zip(kept["counts"], stats, strict=True)):
         return [int(c) for c in kept["counts"]], int(kept["largest"][0])
     counts, largest = [], -1
     for path in paths:
