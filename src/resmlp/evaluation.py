@@ -154,6 +154,10 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                              "folder")
         spec = resolve_data(loaded.dataset, data_dir)
     data = spec.kind
+    if data == "imagenetv2":  # V2's labels are ImageNet-1k indices: only a 1k model in the 1k order is scored
+        from resmlp.data.sources.imagenet_v2 import check_imagenet1k_model
+
+        check_imagenet1k_model(loaded.num_classes, loaded.class_names, checkpoint)
     split = split or heldout_split(spec)
     pre = loaded.preprocess
     dataset = build_dataset(spec, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size, **options)

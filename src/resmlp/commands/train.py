@@ -23,7 +23,8 @@ from resmlp.commands.common import (
     training_overrides,
 )
 
-DATA_KINDS = ("fashion-mnist", "folder", "wds", "hf", "cifar10", "cifar100", "synthetic")  # resmlp.data.KINDS
+DATA_KINDS = ("fashion-mnist", "folder", "wds", "hf", "cifar10", "cifar100", "synthetic", "imagenetv2", "imagenet21k",
+              "flowers102", "stanford-cars", "inat2018", "inat2019")  # resmlp.data.KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
