@@ -6,6 +6,7 @@ Bad layouts and bad numbers are one line."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import pickle
@@ -385,3 +386,69 @@ def test_cifar100_is_a_source_beside_cifar10(tmp_path):
                         protocol=2)
     source = open_source(f"cifar100:{tmp_path}")
     assert source.records("test").class_names == ["apple", "aquarium_fish"] and len(source.records("train")) == 8
+
+
+# ------------------------------------------------------------------------------------------------ Fig. 4
+def _summary(path: Path, checkpoint: str, dataset: str, top1: float) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"checkpoint": checkpoint, "dataset": dataset, "top1": top1, "split": "val"}))
+    return str(path)
+
+
+def test_analyze_fig4_plots_v2_against_val_with_a_linear_fit_per_family(tmp_path, capsys):
+    scores = {"a": (76.0, 64.0), "b": (79.0, 67.5), "c": (81.0, 69.0)}  # v2 = 1.0 * val - 12 +- 0.5... fitted
+    args = []
+    for name, (val, v2) in scores.items():
+        ckpt = f"/runs/{name}/best.safetensors"
+        args += [_summary(tmp_path / name / "val.json", ckpt, "folder", val),
+                 _summary(tmp_path / name / "v2.json", ckpt, "imagenetv2", v2)]
+    args += [f"DeiT={_summary(tmp_path / 'd' / 'val.json', '/deit.pth', 'folder', 80.0)}",
+             f"DeiT={_summary(tmp_path / 'd' / 'v2.json', '/deit.pth', 'imagenetv2', 69.0)}"]
+    assert main(["analyze-fig4", *args, "--paper", "--output", str(tmp_path / "fig4")]) == 0
+    rows = list(csv.DictReader(Path(tmp_path / "fig4" / "fig4.csv").read_text().splitlines()))
+    assert [(r["family"], r["label"]) for r in rows[:4]] == [("ResMLP", "a"), ("ResMLP", "b"), ("ResMLP", "c"),
+                                                             ("DeiT", "deit")]
+    assert float(rows[1]["gap"]) == pytest.approx(11.5) and len(rows) == 9  # 4 checkpoints + the paper's 5
+    fits = {r["family"]: r for r in csv.DictReader(Path(tmp_path / "fig4" / "fig4_fits.csv").read_text().splitlines())}
+    slope, intercept = np.polyfit([76.0, 79.0, 81.0], [64.0, 67.5, 69.0], 1)
+    assert float(fits["ResMLP"]["slope"]) == pytest.approx(slope) and float(fits["ResMLP"]["intercept"]) == \
+        pytest.approx(intercept)
+    assert "DeiT" not in fits and "ResMLP (paper Table 3)" in fits  # one point: no line
+    assert (tmp_path / "fig4" / "fig4.png").read_bytes()[:4] == b"\x89PNG"
+    assert "fig4.png" in (tmp_path / "fig4" / "index.html").read_text()
+
+
+def test_analyze_fig4_needs_both_evaluations_of_each_checkpoint(tmp_path, capsys):
+    only_val = _summary(tmp_path / "val.json", "/x/best.safetensors", "folder", 70.0)
+    assert main(["analyze-fig4", only_val, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "no ImageNet-V2 (resmlp eval CKPT --data imagenetv2:DIR) summary" in err and err.count("\n") == 1
+    (tmp_path / "bad.json").write_text(json.dumps({"top1": "high"}))
+    assert main(["analyze-fig4", str(tmp_path / "bad.json"), "--output", str(tmp_path / "out")]) == 2
+    assert "is not a `resmlp eval --output DIR` summary" in capsys.readouterr().err
+
+
+def test_fig4_from_real_evaluations(tmp_path, capsys):
+    """The whole chain on tiny replicas: a checkpoint evaluated on an ImageNet val folder (1,000 class folders of one
+    image; through the API without the 1000x1000 confusion plot) and with `resmlp eval` on ImageNet-V2, then
+    analyze-fig4 over the two summaries."""
+    from resmlp.data.sources.imagenet_v2 import imagenet1k_synsets
+    from resmlp.evaluation import evaluate
+
+    v2 = _imagenet_v2(tmp_path)
+    val = tmp_path / "imagenet"
+    image = _jpeg(0)
+    for synset in imagenet1k_synsets():
+        _write(val / "val" / synset / "0.JPEG", image)
+    ckpt = _imagenet_model(tmp_path / "m0.safetensors")
+    evaluate(ckpt, data=f"folder:{val}", split="val", output=tmp_path / "val", amp="fp32", device="cpu", plot=False)
+    assert main(["eval", str(ckpt), "--data", f"imagenetv2:{v2}", "--output", str(tmp_path / "v2"), "--amp", "fp32",
+                 "--device", "cpu", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["analyze-fig4", str(tmp_path / "val" / "summary.json"), str(tmp_path / "v2" / "summary.json"),
+                 "--paper", "--output", str(tmp_path / "fig4")]) == 0
+    printed = capsys.readouterr().out
+    assert "m0" in printed and "fig4.png" in printed
+    rows = list(csv.DictReader(Path(tmp_path / "fig4" / "fig4.csv").read_text().splitlines()))
+    v2_top1 = json.loads((tmp_path / "v2" / "summary.json").read_text())["top1"]
+    assert rows[0]["label"] == "m0" and float(rows[0]["v2_top1"]) == pytest.approx(v2_top1)

@@ -120,7 +120,8 @@ class ClassTarRecords(MapRecords):
     def payload(self, index: int) -> bytes:
         size, offset = int(self.sizes[index]), int(self.offsets[index])
         if size > MAX_IMAGE_FILE_BYTES:
-            raise DataError(f"image {self.name(index)} is larger than {MAX_IMAGE_FILE_BYTES} bytes; no dataset image is")
+            raise DataError(f"image {self.name(index)} is larger than {MAX_IMAGE_FILE_BYTES} bytes; no dataset "
+                            "image is")
         try:
             data = os.pread(self._descriptor(int(self.tar_index[index])), size, offset)
         except OSError as e:
