@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from resmlp.complexity import CONFUSION_MAX_CLASSES
 from resmlp.data import ShardSampler, build_dataset, heldout_split, resolve_data
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.device.batch_augment import BatchAugment, eval_batches
@@ -46,7 +47,9 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
     The sums stay on `device` and are read once at the end: a GPU never waits for the host between batches.
     """
     model.eval()
-    confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device)
+    # the confusion matrix, or above CONFUSION_MAX_CLASSES two per-class vectors: images [0, K), hits [K, 2K)
+    full = num_classes <= CONFUSION_MAX_CLASSES
+    confusion = torch.zeros(num_classes * num_classes if full else 2 * num_classes, dtype=torch.int64, device=device)
     # loss sum, top-5 hits, non-finite batches (float64: integer counts stay exact below 2**53)
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     images, skipped = 0, 0  # known on the host: no read
@@ -62,8 +65,13 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
                              else torch.zeros((), device=device),
                              (~torch.isfinite(logits).all())]).double()
         # scatter_add, not bincount: bincount sizes its output from the data, a host read on a GPU
-        cell = targets * num_classes + logits.argmax(dim=1)
-        confusion.scatter_add_(0, cell, torch.ones_like(cell))
+        predicted = logits.argmax(dim=1)
+        if full:
+            cell = targets * num_classes + predicted
+            confusion.scatter_add_(0, cell, torch.ones_like(cell))
+        else:
+            confusion.scatter_add_(0, targets, torch.ones_like(targets))
+            confusion.scatter_add_(0, targets + num_classes, (predicted == targets).long())
         images += len(targets)
         skipped += batch_skipped
     packed = torch.cat([sums, torch.tensor([images, skipped], dtype=torch.float64, device=device),
@@ -74,11 +82,16 @@ def classify(model: nn.Module, batches: Iterable, num_classes: int, device: torc
     loss_sum, top5_hits, bad, images, skipped = values[:5]
     if bad:
         raise ValueError("the model's outputs are NaN or infinite (non-finite weights?); no accuracy to report")
-    confusion = np.rint(values[5:]).astype(np.int64).reshape(num_classes, num_classes)
+    counts = np.rint(values[5:]).astype(np.int64)
+    if full:
+        confusion = counts.reshape(num_classes, num_classes)
+        class_images, class_hits = confusion.sum(axis=1), np.diagonal(confusion).copy()
+    else:
+        confusion, class_images, class_hits = None, counts[:num_classes], counts[num_classes:]
     n = max(images, 1)
-    return dict(loss=loss_sum / n, top1=100.0 * int(confusion.trace()) / n,
+    return dict(loss=loss_sum / n, top1=100.0 * int(class_hits.sum()) / n,
                 top5=100.0 * top5_hits / n if top5 else None, images=int(images), skipped=int(skipped),
-                confusion=confusion)
+                confusion=confusion, class_images=class_images, class_hits=class_hits)
 
 
 def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: int, num_workers: int,
@@ -189,9 +202,9 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     result = classify(extras.wrap(loaded.model).to(torch_device), batches, len(names), torch_device, precision)
     scored = (extras.finish(image_files(dataset), dataset_labels(dataset), names, num_classes, result["skipped"])
               if extras.per_image else {})
-    confusion = result.pop("confusion")
-    per_class = {name: round(100.0 * confusion[i, i] / max(confusion[i].sum(), 1), 2)
-                 for i, name in enumerate(names)}
+    confusion = result.pop("confusion")  # None above CONFUSION_MAX_CLASSES: per-class counts only
+    hits, counts = result.pop("class_hits"), result.pop("class_images")
+    per_class = {name: round(100.0 * hits[i] / max(counts[i], 1), 2) for i, name in enumerate(names)}
     # keys named by the split scored (test_top1 as a training run's summary, val_top1...), and top1/top5 whatever it is
     summary = dict(top1=result["top1"], top5=result["top5"], **{f"{split}_top1": result["top1"],
                                                                   f"{split}_top5": result["top5"]},
@@ -205,7 +218,7 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     if announce is not None:
         announce(summary)
     if output is not None:  # only where asked: never beside the checkpoint, whose folder may be read-only
-        if plot:
+        if plot and confusion is not None:
             png = reporting.plot_confusion_matrix(Path(output) / "confusion_matrix.png", confusion, names)
             summary["confusion_matrix"] = str(png.resolve())
         reporting.write_json(Path(output) / "summary.json", summary)

@@ -173,7 +173,9 @@ def run_eval(args: argparse.Namespace) -> int:
                            real_labels=args.real_labels, valid_labels=args.valid_labels, results=args.results,
                            topk=args.topk)
     if args.output:
-        print(f"confusion matrix: {summary['confusion_matrix']}\nsummary: {args.output}/summary.json")
+        if summary.get("confusion_matrix"):
+            print(f"confusion matrix: {summary['confusion_matrix']}")
+        print(f"summary: {args.output}/summary.json")
     if args.results:
         print(f"per-image results: {summary['results']}")
     split = summary["split"]
