@@ -134,7 +134,7 @@ def _source_errors(d: Any) -> list[str]:
     if d.kind not in KINDS:
         return [f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}"]
     if d.dir is not None:
-        ok = d.kind == "wds" or (Path(d.dir).exists() if d.kind == "hf" else Path(d.dir).is_dir())
+        ok = d.kind == "wds" or (Path(d.dir).exists() if d.kind in ("hf", "imagenet21k") else Path(d.dir).is_dir())
         return [] if ok else [f"data.dir: {d.dir} does not exist or is not a folder"]
     if d.kind in NEEDS_ARGUMENT:
         return [f"data.dir: the {d.kind} dataset needs a folder (--data-dir DIR, or --data {d.kind}:DIR)"]
