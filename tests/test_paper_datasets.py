@@ -493,3 +493,22 @@ def test_the_stratified_validation_carve_draws_as_a_per_class_scan_does():
     expected = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:q]
                                        for c, q in zip(classes, quota, strict=True)]))
     assert np.array_equal(held, expected) and len(kept) == 2700
+
+
+# ------------------------------------------------------------------------------------------------ benchmark
+def test_the_in21k_listing_benchmark_runs_in_its_tiny_form(tmp_path, form="download"):
+    """benchmarks/in21k_listing.py at 5 classes of 2 images: a first and a cached start, both listing every image
+    (the figure itself is measured with --classes 21841 on an idle host)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "in21k_listing.py"
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(script), "--classes", "5", "--images", "2", "--form", form,
+                           "--repeats", "1", "--folder", str(tmp_path / "replica"), "--out", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["classes"] == 5 and result["images"] == 10 and result["form"] == form
+    assert result["runs"]["cached"][0]["images"] == 10 and result["first_start_s"] > 0
+    assert "| cached |" in done.stdout
