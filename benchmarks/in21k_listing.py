@@ -10,8 +10,7 @@ class tars `nXXXXXXXX.tar` of IMAGES copies of one tiny JPEG each, as
 The listing's cost grows with the members (headers) and the classes, not with the bytes of the images. The files
 were just written, so they are in the page cache; a cold disk adds the reads of the headers.
 
-    python benchmarks/in21k_listing.py --classes 21841 --images 4 --form download \
-        --out benchmarks/results/in21k_listing.json
+    python benchmarks/in21k_listing.py --classes 21841 --images 4 --form download --out benchmarks/results/in21k.json
 """
 
 from __future__ import annotations
