@@ -168,6 +168,8 @@ def test_imagenet21k_is_read_in_place_in_each_download_form(tmp_path, form):
     payloads = [first[i][0] for i in range(len(first))]
     assert payloads[5] == _jpeg(11)  # the image's bytes, read at its offset (inside its class tar)
     assert list((cache / "data_index").iterdir())  # the listing kept for the next start
+    if form == "download":  # the folder holding the download names it too
+        assert open_source(f"imagenet21k:{path.parent}").records("train").labels.tolist() == first.labels.tolist()
     again = open_source(f"imagenet21k:{path}", index_cache=cache).records("train")
     assert [again[i][0] for i in range(len(again))] == payloads and again.labels.tolist() == first.labels.tolist()
     held = first.subset(np.asarray([11, 0]))
