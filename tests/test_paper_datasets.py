@@ -94,14 +94,21 @@ def test_resmlp_eval_scores_an_imagenet_model_on_v2_and_refuses_others(tmp_path,
                  "--amp", "fp32", "--device", "cpu"]) == 0
     summary = json.loads((tmp_path / "v2" / "summary.json").read_text())
     assert summary["dataset"] == "imagenetv2" and summary["split"] == "test" and summary["images"] == 6
-    # a published 1k head without class names is scored too
-    assert main(["eval", str(_imagenet_model(tmp_path / "plain.safetensors", names=[])), "--data",
-                 f"imagenetv2:{folder}", "--amp", "fp32", "--device", "cpu"]) == 0
+    # a published 1k head without class names is scored too, and one trained on the Hub's imagenet-1k (its
+    # classes named by their lemmas, in the 1k order)
+    from resmlp.data.sources.imagenet_v2 import imagenet1k_descriptions
+
+    for name, names in (("plain", []), ("hub", imagenet1k_descriptions())):
+        assert main(["eval", str(_imagenet_model(tmp_path / f"{name}.safetensors", names=names)), "--data",
+                     f"imagenetv2:{folder}", "--amp", "fp32", "--device", "cpu"]) == 0
+    shuffled = imagenet1k_descriptions()
+    shuffled[:2] = shuffled[1::-1]  # the lemmas in another order: not the 1k order
     capsys.readouterr()
     for bad, says in ((_imagenet_model(tmp_path / "ten.safetensors", 10, [f"c{i}" for i in range(10)]),
                        "predicts 10 classes"),
                       (_imagenet_model(tmp_path / "other.safetensors", 1000, [f"c{i}" for i in range(1000)]),
-                       "not ImageNet-1k's")):
+                       "not ImageNet-1k's"),
+                      (_imagenet_model(tmp_path / "swapped.safetensors", 1000, shuffled), "class 0 is 'goldfish")):
         assert main(["eval", str(bad), "--data", f"imagenetv2:{folder}", "--device", "cpu"]) == 2
         err = capsys.readouterr().err
         assert says in err and "ImageNet-V2" in err and err.count("\n") == 1 and "Traceback" not in err

@@ -84,14 +84,25 @@ def imagenet_v2_records(folder: Path) -> FileRecords:
     return FileRecords(folder, PackedNames.pack(names), np.asarray(labels, dtype=np.int64), imagenet1k_synsets())
 
 
+def imagenet1k_descriptions() -> list[str]:
+    """The 1,000 classes' WordNet lemmas in the 1k order ("tench, Tinca tinca"...): the label names of the Hugging
+    Face Hub's imagenet-1k, which a model trained on `hf:` records as its class names."""
+    from timm.data import ImageNetInfo
+
+    return list(ImageNetInfo("imagenet-1k").label_descriptions())
+
+
 def check_imagenet1k_model(num_classes: int, class_names: Sequence[str] | None, checkpoint: object) -> None:
     """One line refusing a model whose classes are not ImageNet-1k's in the 1k order (V2's labels are those
-    indices): a head of another size, or class names other than the 1,000 synsets."""
+    indices): a head of another size, or class names other than the 1,000 synsets (or their lemmas, as the Hub's
+    imagenet-1k names them) in that order. A model that records no class names (published weights) is taken
+    at its 1,000-class head."""
     if num_classes != IMAGENET_CLASSES:
         raise DataError(f"ImageNet-V2's labels are ImageNet-1k class indices, but {checkpoint} predicts {num_classes} "
                         "classes; evaluate a model trained on ImageNet-1k")
-    if class_names and list(class_names) != imagenet1k_synsets():
-        differ = next(i for i, (a, b) in enumerate(zip(class_names, imagenet1k_synsets(), strict=True)) if a != b)
+    names = list(class_names or [])
+    if names and names != imagenet1k_synsets() and names != imagenet1k_descriptions():
+        differ = next(i for i, (a, b) in enumerate(zip(names, imagenet1k_synsets(), strict=True)) if a != b)
         raise DataError(f"ImageNet-V2's labels are ImageNet-1k class indices, but {checkpoint}'s class {differ} is "
-                        f"{str(class_names[differ])[:60]!r}, not {imagenet1k_synsets()[differ]} (the 1k order: "
+                        f"{str(names[differ])[:60]!r}, not {imagenet1k_synsets()[differ]} (the 1k order: "
                         "sorted WordNet ids); its classes are not ImageNet-1k's")
