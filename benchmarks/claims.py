@@ -357,8 +357,9 @@ H100 = "one H100 at batch 256 (fp32, code 526c678) vs a V100 at batch 32"
 CLAIMS_TABLE: list[Claim] = [
     Claim("Tables 1 and 3: ResMLP-S12 / S24 / B24 top-1 on ImageNet-val, with Table 3's ImageNet-ReaL and "
           "ImageNet-V2 columns", "S12 76.6 / 83.3 / 64.4, S24 79.4 / 85.3 / 67.9, B24 81.0 / 86.1 / 69.0 "
-          "(val / real / V2)", "none (the published weights evaluate with `resmlp eval FILE --data DIR`, at the "
-          "authors' crop 0.9)", "", NotMeasured(NEEDS_IMAGENET + "-val, the ImageNet-ReaL labels and ImageNet-V2")),
+          "(val / real / V2)", "none run (the published weights evaluate with `resmlp eval resmlp_s12.fb_in1k --data "
+          "folder:DIR --split val --real-labels real.json` and `--data imagenetv2:DIR`, at the authors' crop 0.9)", "",
+          NotMeasured(NEEDS_IMAGENET + "-val, the ImageNet-ReaL labels and ImageNet-V2")),
     Claim("Table 1 / Sec. 3.2: at comparable FLOPs, ResMLP's accuracy trade-off is below convnets' and "
           "Transformers'", "S24 79.4 at 6.0 GFLOPs vs DeiT-S 79.8 at 4.6 and RegNetY-4GF 80.0 at 4.0; B24 81.0 at "
           "23.0 vs DeiT-B 81.8 at 17.5 and RegNetY-16GF 82.9 at 16.0", "none", "",
@@ -444,8 +445,9 @@ CLAIMS_TABLE: list[Claim] = [
           NotMeasured(NEEDS_IMAGENET + ": the 2-epoch study's patch row is one small model without distillation; "
                       "a larger model's patch rows, with and without a teacher, were not run")),
     Claim("Table 3: ImageNet-21k pre-training (60 epochs) of ResMLP-B24/8", "84.4 / 88.9 / 74.2 (val / real / V2) "
-          "vs 83.6 distilled on ImageNet-1k", "none", "", NotMeasured("not measured: needs ImageNet-21k and "
-                                                                      "ImageNet")),
+          "vs 83.6 distilled on ImageNet-1k", "`resmlp train --recipe in21k-pretrain --data imagenet21k:PATH`, then "
+          "`resmlp finetune RUN/best.safetensors --recipe in21k-finetune-1k --data folder:DIR` (shipped, never run "
+          "here)", "", NotMeasured("not measured: needs ImageNet-21k and ImageNet")),
     Claim("Table 3 / D.1: DeiT-style training beats the \"old-fashioned\" ResNet recipe",
           "76.6 vs 69.2 (**-7.4**), with 400 vs 90 epochs", AB,
           ABLATION_SCALE + "; both recipes get the same epochs here, where the paper's gap includes 400 vs 90 "
@@ -504,7 +506,9 @@ CLAIMS_TABLE: list[Claim] = [
     Claim("Sec. 3.4: pre-norm and post-norm both converge", "no number", "none", "",
           NotMeasured("not measured: this project builds only the paper's pre-normalised block")),
     Claim("Fig. 4: ResMLP overfits ImageNet-val slightly more than convnets and DeiT (ImageNet-V2 vs val)",
-          "curves of ImageNet-V2 vs ImageNet-val top-1", "none", "",
+          "curves of ImageNet-V2 vs ImageNet-val top-1", "per checkpoint `resmlp eval CKPT --data folder:DIR --split "
+          "val --output A` and `resmlp eval CKPT --data imagenetv2:DIR --output B`, then `resmlp analyze-fig4 "
+          "A/summary.json B/summary.json ... --paper --output FIG` (never run here)", "",
           NotMeasured(NEEDS_IMAGENET + " and ImageNet-V2")),
     Claim("Fig. 2: the early cross-patch layers learn convolution-like filters",
           "shifted, local patterns in early layers (S24, ImageNet)",
@@ -565,11 +569,14 @@ CLAIMS_TABLE: list[Claim] = [
           Cited("86.99 → 88.46 (**+1.47**); one seed, 3 epochs, selected on validation",
                 "docs/distillation_dino_finetune.md", ("**88.46 %**", "86.99 %"), (88.46,), (86.99,), -0.1)),
     Claim("Table 4: transfer to CIFAR-10 / CIFAR-100", "S12 98.1 / 87.0, S24 98.7 / 89.5",
-          "`resmlp finetune CKPT --recipe cifar-finetune --data-dir DIR` (shipped, never run here)", "",
+          "`resmlp finetune CKPT --recipe transfer-cifar100 --data cifar100:DIR` (= `cifar-finetune`; shipped, "
+          "never run here)", "",
           NotMeasured(NEEDS_IMAGENET + " pre-training (the recipe is shipped)")),
     Claim("Table 4: transfer to Flowers-102, Stanford Cars, iNaturalist 2018/2019", "S12 97.4 / 84.6 / 60.2 / 71.0, "
-          "S24 97.9 / 89.5 / 64.3 / 72.5", "none", "",
-          NotMeasured(NEEDS_IMAGENET + " pre-training and those datasets")),
+          "S24 97.9 / 89.5 / 64.3 / 72.5", "`resmlp finetune CKPT --recipe transfer-flowers --data flowers102:DIR`; "
+          "likewise `transfer-cars` with `stanford-cars:DIR`, `transfer-inat18` with `inat2018:DIR`, "
+          "`transfer-inat19` with `inat2019:DIR` (shipped, never run here)", "",
+          NotMeasured(NEEDS_IMAGENET + " pre-training (or the published weights) and those datasets")),
     Claim("Sec. 3.1: \"The majority of our models take two days to train on eight V100-32GB GPUs\"",
           "2 days on 8 V100", "none", "", NotMeasured("not measured: needs ImageNet and 8 GPUs; no full-length "
                                                        "training was run here (the H100 training throughputs are in "

@@ -59,10 +59,18 @@ def training_memory_bytes(config: ResMLPConfig, batch_size: int) -> int:
 
 
 
+# Above this many classes an evaluation sums per-class image and hit counts instead of the full confusion matrix
+# (resmlp.evaluation.classify; bounded by the cells allocated, 2**22, not by the class list's bound): ImageNet-21k's
+# 21,841 classes would make a 477 M-cell matrix, 27 GB with its copies
+CONFUSION_MAX_CLASSES = 2048
+
+
 def evaluation_memory_bytes(num_classes: int) -> int:
-    """The confusion matrix an evaluation sums (resmlp.evaluation.classify): int64 on the device, a float64 copy
-    packed for the all-reduce, its host read as a Python list (about 32 bytes a value) and the int64 array."""
-    return num_classes**2 * (8 + 8 + 32 + 8)
+    """The counts an evaluation sums (resmlp.evaluation.classify; the confusion matrix, or two per-class vectors
+    above CONFUSION_MAX_CLASSES): int64 on the device, a float64 copy packed for the all-reduce, its host read as
+    a Python list (about 32 bytes a value) and the int64 array."""
+    cells = num_classes**2 if num_classes <= CONFUSION_MAX_CLASSES else 2 * num_classes
+    return cells * (8 + 8 + 32 + 8)
 
 
 def dino_memory_bytes(dim: int, out_dim: int, hidden_dim: int, bottleneck_dim: int, crops: int, crop_size: int,

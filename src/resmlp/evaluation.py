@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from resmlp.command_files import claim_outputs, note_inputs
+from resmlp.complexity import CONFUSION_MAX_CLASSES
 from resmlp.data import ShardSampler, build_dataset, heldout_split, resolve_data
 from resmlp.data.arrays import ArrayDataset
 from resmlp.data.device.batch_augment import BatchAugment, eval_batches
@@ -38,7 +39,7 @@ from resmlp.runtime import (
 EVAL_BATCH_SIZE = 256  # `resmlp eval`'s default, and the batch of a run's final test scoring: same batches, same number
 
 
-MAX_CONFUSION_CELLS = 1 << 22  # 2,048 classes: ImageNet-1k's 10^6 cells; 100,000 classes would be 74.5 GiB of int64
+MAX_CONFUSION_CELLS = CONFUSION_MAX_CLASSES ** 2  # ImageNet-1k's 10^6 cells fit; 100,000 classes would be 74.5 GiB
 
 
 @torch.no_grad()
@@ -175,6 +176,10 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                              "folder")
         spec = resolve_data(loaded.dataset, data_dir)
     data = spec.kind
+    if data == "imagenetv2":  # V2's labels are ImageNet-1k indices: only a 1k model in the 1k order is scored
+        from resmlp.data.sources.imagenet_v2 import check_imagenet1k_model
+
+        check_imagenet1k_model(loaded.num_classes, loaded.class_names, checkpoint)
     split = split or heldout_split(spec)
     pre = loaded.preprocess
     dataset = build_dataset(spec, split, None, pre.in_chans, pre.eval_transform(), img_size=pre.img_size, **options)
@@ -193,6 +198,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
                          f"({model_names[at]!r}) for the dataset's class {at} ({names[at]!r}); line i names the "
                          "model class scored as the dataset's class i (the subset as listed: "
                          f"{list(model_names[:5])}...; the dataset's: {list(names[:5])}...)")
+    if data == "imagenetv2":
+        model_names = None  # checked above against ImageNet-1k's order (its synsets, or the Hub's lemmas)
     if model_names and list(model_names) != list(names):
         raise ValueError(f"{checkpoint} was trained on classes {loaded.class_names[:5]}... but the dataset's "
                          f"are {names[:5]}...; evaluate on the dataset it was trained for")

@@ -1,4 +1,5 @@
-"""`resmlp analyze CHECKPOINT --out DIR`: the paper's weight figures and sparsity numbers for a checkpoint."""
+"""`resmlp analyze CHECKPOINT --out DIR`: the paper's weight figures and sparsity numbers for a checkpoint;
+`resmlp analyze-fig4 SUMMARY.json... --out DIR`: the paper's Fig. 4 (ImageNet-V2 vs ImageNet-val) from evaluations."""
 
 from __future__ import annotations
 
@@ -33,6 +34,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_threads_argument(p)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(run=run)
+
+    f = sub.add_parser(
+        "analyze-fig4",
+        help="paper Fig. 4: ImageNet-V2 vs ImageNet-val top-1 of several checkpoints, with linear fits and y = x",
+        description="Plot each checkpoint's ImageNet-V2 top-1 against its ImageNet-val top-1 from the summaries of "
+        "`resmlp eval CKPT --data folder:IMAGENET --output A` and `resmlp eval CKPT --data imagenetv2:DIR --output "
+        "B` (A/summary.json and B/summary.json for every checkpoint), with a least-squares line per family and "
+        "y = x; writes fig4.png, fig4.csv, fig4_fits.csv and index.html.",
+    )
+    f.add_argument("summaries", nargs="+", metavar="[FAMILY=]SUMMARY.json",
+                   help="evaluation summaries, two per checkpoint (val and V2); FAMILY= groups checkpoints into a "
+                   "family with its own line (default family: ResMLP)")
+    add_output_argument(f, required=True, help="output directory (created if missing)")
+    f.add_argument("--paper", action="store_true",
+                   help="add the paper's ResMLP points (Table 3: S12, S24, B24, B24/8 distil, B24/8 Imnet21k) as "
+                   "their own family")
+    f.set_defaults(run=run_fig4)
+
+
+def run_fig4(args: argparse.Namespace) -> int:
+    from resmlp.analysis.overfit import paper_points, read_points, write_fig4
+    from resmlp.fileio import output_lock
+
+    points = read_points(args.summaries) + (paper_points() if args.paper else [])
+    with output_lock(args.output):
+        written = write_fig4(points, args.output)
+    for point in points:
+        print(f"{point.family:<24} {point.label:<20} val {point.val_top1:6.2f}%  V2 {point.v2_top1:6.2f}%  "
+              f"gap {point.val_top1 - point.v2_top1:5.2f}")
+    print(f"wrote {', '.join(str(path) for path in written)}")
+    return 0
 
 
 def _layer_list(text: str) -> list[int]:

@@ -99,7 +99,9 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--threads": ("train.threads", dict(type=thread_count, metavar="N",
                                         help="compute threads per process (default: the usable cores / processes)")),
     "--data": ("data.source", dict(metavar="SOURCE", help="data source: folder:DIR, wds:PATTERN, hf:DIR, "
-                                                          "fashion-mnist, cifar10:DIR, cifar100:DIR, synthetic")),
+                                                          "fashion-mnist, cifar10:DIR, cifar100:DIR, synthetic, "
+                                                          "imagenetv2:DIR, imagenet21k:PATH, flowers102:DIR, "
+                                                          "stanford-cars:DIR, inat2018:DIR, inat2019:DIR")),
     "--data-dir": ("data.dir", dict(metavar="DIR", help="dataset folder")),
     "--no-progress": ("train.progress", dict(action="store_false", default=None,
                                              help="no progress bars (per-epoch lines only)")),

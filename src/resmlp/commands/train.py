@@ -23,7 +23,8 @@ from resmlp.commands.common import (
     training_overrides,
 )
 
-DATA_KINDS = ("fashion-mnist", "folder", "wds", "hf", "cifar10", "cifar100", "synthetic")  # resmlp.data.KINDS
+DATA_KINDS = ("fashion-mnist", "folder", "wds", "hf", "cifar10", "cifar100", "synthetic", "imagenetv2", "imagenet21k",
+              "flowers102", "stanford-cars", "inat2018", "inat2019")  # resmlp.data.KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -172,7 +173,9 @@ def run_eval(args: argparse.Namespace) -> int:
                            real_labels=args.real_labels, valid_labels=args.valid_labels, results=args.results,
                            topk=args.topk)
     if args.output:
-        print(f"confusion matrix: {summary['confusion_matrix']}\nsummary: {args.output}/summary.json")
+        if summary.get("confusion_matrix"):
+            print(f"confusion matrix: {summary['confusion_matrix']}")
+        print(f"summary: {args.output}/summary.json")
     if args.results:
         print(f"per-image results: {summary['results']}")
     split = summary["split"]

@@ -83,8 +83,10 @@ def stratified_split(labels: np.ndarray, size: int, seed: int) -> tuple[np.ndarr
     classes, counts = np.unique(labels, return_counts=True)
     quota = np.floor(counts / len(labels) * size).astype(int)
     quota[np.argsort(-(counts / len(labels) * size - quota))[: size - quota.sum()]] += 1  # largest remainders
-    held = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:q]
-                           for c, q in zip(classes, quota, strict=True)])
+    # each class's indices in ascending order, from one stable sort (not a scan of every label per class: at
+    # ImageNet-21k's 21,841 classes and 14 M images that is 3e11 comparisons); the same draws as per-class scans
+    members = np.split(np.argsort(labels, kind="stable"), np.cumsum(counts)[:-1])
+    held = np.concatenate([rng.permutation(inside)[:q] for inside, q in zip(members, quota, strict=True)])
     mask = np.zeros(len(labels), dtype=bool)
     mask[held] = True
     return np.flatnonzero(~mask), np.flatnonzero(mask)

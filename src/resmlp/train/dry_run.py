@@ -27,7 +27,9 @@ from resmlp.runtime import adopt_slurm_ranks, env_int, training_device_memory_by
 from resmlp.train import memory
 from resmlp.train.sections import TrainConfig
 
-FIXED_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
+# the released datasets' class counts (iNaturalist at DeiT's species level; ImageNet-21k: fall11's synsets)
+FIXED_CLASSES = {"fashion-mnist": 10, "cifar10": 10, "cifar100": 100, "imagenetv2": 1000, "flowers102": 102,
+                 "stanford-cars": 196, "inat2018": 8142, "inat2019": 1010, "imagenet21k": 21841}
 ASSUMED_CLASSES = 1000  # ImageNet's, the dataset of the full-size recipes
 
 

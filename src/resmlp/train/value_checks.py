@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from resmlp.build import parse_model_name
-from resmlp.data.sources import KINDS, NEEDS_ARGUMENT, parse_source
+from resmlp.data.sources import KINDS, NEEDS_ARGUMENT, PAPER_KINDS, parse_source
 from resmlp.errors import ConfigError
 from resmlp.train.sections import TrainConfig
 
@@ -128,12 +128,13 @@ def _source_errors(d: Any) -> list[str]:
             spec = parse_source(d.source)
         except ConfigError as e:
             return [f"data.source: {e}"]
-        local = spec.kind in ("folder", "hf", "cifar10", "cifar100", "fashion-mnist") and spec.arg is not None
+        local = spec.kind in ("folder", "hf", "cifar10", "cifar100", "fashion-mnist", *PAPER_KINDS) \
+            and spec.arg is not None
         return [f"data.source: {spec.arg} does not exist"] if local and not Path(spec.arg).exists() else []
     if d.kind not in KINDS:
         return [f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}"]
     if d.dir is not None:
-        ok = d.kind == "wds" or (Path(d.dir).exists() if d.kind == "hf" else Path(d.dir).is_dir())
+        ok = d.kind == "wds" or (Path(d.dir).exists() if d.kind in ("hf", "imagenet21k") else Path(d.dir).is_dir())
         return [] if ok else [f"data.dir: {d.dir} does not exist or is not a folder"]
     if d.kind in NEEDS_ARGUMENT:
         return [f"data.dir: the {d.kind} dataset needs a folder (--data-dir DIR, or --data {d.kind}:DIR)"]

@@ -12,6 +12,13 @@ One grammar names a source (`data.source` in a recipe, `--data` on the command l
     hf:DIR            a Hugging Face dataset saved with `datasets` (save_to_disk) or parquet files
                       (resmlp.data.sources.hf)
     fashion-mnist[:DIR], cifar10:DIR, cifar100:DIR, synthetic
+    imagenetv2:DIR    ImageNet-V2 as released (class folders 0..999), an evaluation set
+                      (resmlp.data.sources.imagenet_v2)
+    imagenet21k:PATH  fall11_whole.tar / winter21_whole.tar, or its extracted folder, read in place
+                      (resmlp.data.sources.imagenet21k)
+    flowers102:DIR, stanford-cars:DIR, inat2018:DIR, inat2019:DIR
+                      the paper's Table 4 transfer sets in their released layouts (resmlp.data.sources.flowers102,
+                      .stanford_cars, .inaturalist)
 
 A `Source` (resmlp.data.records) hands out, per split, raw records `(payload, label)`: the image as stored,
 nothing decoded. Which split trains, validates and tests is decided in one place:
@@ -26,9 +33,11 @@ from typing import Any
 from resmlp.data.records import Source, SourceSpec
 from resmlp.errors import ConfigError
 
-KINDS = ("folder", "wds", "hf", "fashion-mnist", "cifar10", "cifar100", "synthetic")
+# the paper's other datasets (ImageNet-V2, ImageNet-21k, Table 4's transfer sets), each a folder as released
+PAPER_KINDS = ("imagenetv2", "imagenet21k", "flowers102", "stanford-cars", "inat2018", "inat2019")
+KINDS = ("folder", "wds", "hf", "fashion-mnist", "cifar10", "cifar100", "synthetic", *PAPER_KINDS)
 # kinds whose argument is required (folder:DIR); the others take an optional one (fashion-mnist[:DIR])
-NEEDS_ARGUMENT = ("folder", "wds", "hf", "cifar10", "cifar100")
+NEEDS_ARGUMENT = ("folder", "wds", "hf", "cifar10", "cifar100", *PAPER_KINDS)
 
 
 def parse_source(text: str) -> SourceSpec:
@@ -47,7 +56,10 @@ def parse_source(text: str) -> SourceSpec:
 
 
 _EXAMPLES = {"folder": "/data/imagenet", "wds": "/data/shards/{split}-{000000..000146}.tar",
-             "hf": "/data/imagenet-hf", "cifar10": "/data/cifar", "cifar100": "/data/cifar"}
+             "hf": "/data/imagenet-hf", "cifar10": "/data/cifar", "cifar100": "/data/cifar",
+             "imagenetv2": "/data/imagenetv2-matched-frequency-format-val", "imagenet21k": "/data/fall11_whole.tar",
+             "flowers102": "/data/flowers-102", "stanford-cars": "/data/stanford_cars", "inat2018": "/data/inat2018",
+             "inat2019": "/data/inat2019"}
 
 
 def spec_from_config(source: str | None, kind: str, folder: str | None) -> SourceSpec:
@@ -82,7 +94,32 @@ def open_source(spec: SourceSpec | str, **options: Any) -> Source:
         from resmlp.data.sources.hf import hf_source
 
         return hf_source(spec, streaming=bool(options.get("streaming")), class_map=options.get("class_map"))
+    if spec.kind in PAPER_KINDS:
+        return _paper_source(spec, options)
     return _array_source(spec, options)
+
+
+def _paper_source(spec: SourceSpec, options: dict[str, Any]) -> Source:
+    """ImageNet-V2, ImageNet-21k and the transfer sets, each read by its own module."""
+    if spec.kind == "imagenetv2":
+        from resmlp.data.sources.imagenet_v2 import imagenet_v2_source
+
+        return imagenet_v2_source(spec)
+    if spec.kind == "imagenet21k":
+        from resmlp.data.sources.imagenet21k import imagenet21k_source
+
+        return imagenet21k_source(spec, class_map=options.get("class_map"), index_cache=options.get("index_cache"))
+    if spec.kind == "flowers102":
+        from resmlp.data.sources.flowers102 import flowers102_source
+
+        return flowers102_source(spec)
+    if spec.kind == "stanford-cars":
+        from resmlp.data.sources.stanford_cars import stanford_cars_source
+
+        return stanford_cars_source(spec, index_cache=options.get("index_cache"))
+    from resmlp.data.sources.inaturalist import inaturalist_source
+
+    return inaturalist_source(spec, int(spec.kind.removeprefix("inat")))
 
 
 def _array_source(spec: SourceSpec, options: dict[str, Any]) -> Source:
