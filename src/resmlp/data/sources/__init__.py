@@ -8,9 +8,10 @@ One grammar names a source (`data.source` in a recipe, `--data` on the command l
                       class tars), read in place (resmlp.data.sources.imagenet_tar)
     folder:DIR        DIR holding ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and LOC_val_solution.csv
                       (or val.txt) as downloaded: read in place too
-    wds:PATTERN       WebDataset tar shards (resmlp.data.sources.wds); `{split}` in PATTERN names the split
+    wds:PATTERN       WebDataset tar shards (resmlp.data.sources.wds); `{split}` in PATTERN names the split;
+                      PATTERN may be an s3://, gs://, http(s):// URL (resmlp.data.sources.wds_remote)
     hf:DIR            a Hugging Face dataset saved with `datasets` (save_to_disk) or parquet files
-                      (resmlp.data.sources.hf)
+                      (resmlp.data.sources.hf); or a URL of parquet files, streamed (resmlp.data.sources.hf_remote)
     fashion-mnist[:DIR], cifar10:DIR, cifar100:DIR, synthetic
 
 A `Source` (resmlp.data.records) hands out, per split, raw records `(payload, label)`: the image as stored,
@@ -62,7 +63,8 @@ def spec_from_config(source: str | None, kind: str, folder: str | None) -> Sourc
 
 def open_source(spec: SourceSpec | str, **options: Any) -> Source:
     """The source `spec` names. options: in_chans-independent knobs of some kinds (synthetic_size,
-    synthetic_classes, img_size, seed for synthetic; class_map for folders; index_cache for folders)."""
+    synthetic_classes, img_size, seed for synthetic; class_map for folders; index_cache for folders; remote:
+    resmlp.data.sources.remote.RemoteOptions for URLs)."""
     spec = parse_source(spec) if isinstance(spec, str) else spec
     if spec.kind == "folder":  # a tar of the folder, or ImageNet's downloads in a folder
         from resmlp.data.sources.imagenet_tar import reads_in_place, tar_source
@@ -77,11 +79,12 @@ def open_source(spec: SourceSpec | str, **options: Any) -> Source:
         from resmlp.data.sources.wds import wds_source
 
         return wds_source(spec, length=options.get("length"), class_map=options.get("class_map"),
-                          index_cache=options.get("index_cache"))
+                          index_cache=options.get("index_cache"), remote=options.get("remote"))
     if spec.kind == "hf":
         from resmlp.data.sources.hf import hf_source
 
-        return hf_source(spec, streaming=bool(options.get("streaming")), class_map=options.get("class_map"))
+        return hf_source(spec, streaming=bool(options.get("streaming")), class_map=options.get("class_map"),
+                         remote=options.get("remote"))
     return _array_source(spec, options)
 
 
