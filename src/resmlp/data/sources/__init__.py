@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from resmlp.data.records import Source, SourceSpec
+from resmlp.data.sources.remote import is_url
 from resmlp.errors import ConfigError
 
 KINDS = ("folder", "wds", "hf", "fashion-mnist", "cifar10", "cifar100", "synthetic")
@@ -75,17 +76,34 @@ def open_source(spec: SourceSpec | str, **options: Any) -> Source:
         from resmlp.data.sources.imagenet import folder_source
 
         return folder_source(spec, class_map=options.get("class_map"), index_cache=options.get("index_cache"))
+    if spec.kind in ("wds", "hf") and is_url(spec.arg):
+        return _remote_source(spec, options)
     if spec.kind == "wds":
         from resmlp.data.sources.wds import wds_source
 
         return wds_source(spec, length=options.get("length"), class_map=options.get("class_map"),
-                          index_cache=options.get("index_cache"), remote=options.get("remote"))
+                          index_cache=options.get("index_cache"))
     if spec.kind == "hf":
         from resmlp.data.sources.hf import hf_source
 
-        return hf_source(spec, streaming=bool(options.get("streaming")), class_map=options.get("class_map"),
-                         remote=options.get("remote"))
+        return hf_source(spec, streaming=bool(options.get("streaming")), class_map=options.get("class_map"))
     return _array_source(spec, options)
+
+
+def _remote_source(spec: SourceSpec, options: dict[str, Any]) -> Source:
+    """wds: and hf: URLs (resmlp.data.sources.wds_remote, hf_remote), read with options["remote"]."""
+    from resmlp.data.records import optional_module
+    from resmlp.data.sources.remote import RemoteOptions
+
+    remote = options.get("remote") or RemoteOptions()
+    if spec.kind == "wds":
+        from resmlp.data.sources.wds_remote import remote_wds_source
+
+        optional_module("webdataset")
+        return remote_wds_source(spec, options.get("length"), options.get("class_map"), remote)
+    from resmlp.data.sources.hf_remote import remote_hf_source
+
+    return remote_hf_source(spec, options.get("class_map"), remote)
 
 
 def _array_source(spec: SourceSpec, options: dict[str, Any]) -> Source:

@@ -38,7 +38,7 @@ from resmlp.data.records import (
     check_class_names,
     optional_module,
 )
-from resmlp.data.sources.remote import RemoteOptions, is_url, refuse_pipe
+from resmlp.data.sources.remote import refuse_pipe
 from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.errors import DataError
 from resmlp.fileio import read_json_object
@@ -112,14 +112,9 @@ def _bounds(size: int, shards: int, index: int) -> slice:
     return slice(start, start + div + (index < mod))
 
 
-def hf_source(spec: SourceSpec, streaming: bool = False, class_map: str | None = None,
-              remote: RemoteOptions | None = None) -> Source:
-    """The splits of `spec.arg` (see the module doc); a URL of parquet files: resmlp.data.sources.hf_remote."""
+def hf_source(spec: SourceSpec, streaming: bool = False, class_map: str | None = None) -> Source:
+    """The splits of `spec.arg` (see the module doc); a URL: resmlp.data.sources.hf_remote."""
     refuse_pipe(spec.arg)
-    if is_url(spec.arg):
-        from resmlp.data.sources.hf_remote import remote_hf_source
-
-        return remote_hf_source(spec, class_map, remote or RemoteOptions())
     datasets = optional_module("datasets")
     root = Path(spec.arg)
     if not root.is_dir():

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from resmlp.data.records import SPLITS, Payload, Source, SourceSpec, Unreadable, check_class_names, optional_module
-from resmlp.data.sources.remote import RemoteOptions, is_url, refuse_pipe
+from resmlp.data.sources.remote import refuse_pipe
 from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.data.sources.wds_census import IMAGE_SUFFIXES, census, discover, info_classes, info_splits
 from resmlp.errors import DataError
@@ -127,17 +127,13 @@ def _label(sample: dict) -> object:
 
 
 def wds_source(spec: SourceSpec, length: int | None = None, class_map: str | None = None,
-               index_cache: str | Path | None = None, remote: RemoteOptions | None = None) -> Source:
+               index_cache: str | Path | None = None) -> Source:
     """The splits of `spec.arg`: a folder with index.json, a folder of shards written by other tools
-    (resmlp.data.sources.wds_census), or a brace pattern (see the module doc); a URL
-    (resmlp.data.sources.wds_remote), read with `remote`'s options."""
+    (resmlp.data.sources.wds_census), or a brace pattern (see the module doc); a URL:
+    resmlp.data.sources.wds_remote."""
     optional_module("webdataset")
     arg = spec.arg
     refuse_pipe(arg)
-    if is_url(arg):
-        from resmlp.data.sources.wds_remote import remote_wds_source
-
-        return remote_wds_source(spec, length, class_map, remote or RemoteOptions())
     if os.path.isdir(arg):
         index_path = Path(arg) / INDEX
         if index_path.is_file():
