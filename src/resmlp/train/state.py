@@ -118,8 +118,8 @@ def check_same_shards(trainer: TrainerView, state: dict[str, Any]) -> None:
     saved = state.get("stream_shards")
     if state.get("step_in_epoch") and saved is not None and saved != _stream_shards(trainer):
         raise ValueError(f"{trainer.state_path} stopped mid-epoch over shards that have changed since (names, sizes, "
-                         "modification times or a store's ETags differ); restore them (copies keep their times with cp -p or "
-                         "rsync -a), or start a new run")
+                         "modification times or a store's ETags differ); restore them (copies keep their times with "
+                         "cp -p or rsync -a), or start a new run")
 
 
 def state_to_resume(out: Path, resume: bool | str | Path) -> Path | None:
