@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from torch.utils.data import DataLoader, IterableDataset
 
 from resmlp.data.records import StreamPlan, Unreadable
 from resmlp.data.shards import parse_size, write_shards
@@ -218,3 +219,36 @@ def test_info_json_gives_the_counts_without_a_census_and_a_label_beyond_it_is_on
         assert len(remote) == 40 and len(remote.class_names) == 2
         with pytest.raises(DataError, match="outside the 2 classes"):
             _records(remote)
+
+
+class _Names(IterableDataset):
+    def __init__(self, records, plan: StreamPlan) -> None:
+        self.records, self.plan = records, plan
+
+    def __iter__(self):
+        return (key[3].rsplit("/", 1)[-1] for key, _, _ in self.records.samples(self.plan))
+
+
+def test_dataloader_workers_each_open_their_own_connections(shards, s3):
+    """The source is listed in the parent; forked workers read through filesystems of their own."""
+    records = open_source("wds:s3://bkt/wds/", remote=RemoteOptions(endpoint_url=s3, **FAST)).records("train")
+    plan = StreamPlan(num_workers=2, batch_size=4, seed=4)
+    loader = DataLoader(_Names(records, plan), batch_size=4, num_workers=2, collate_fn=list)
+    names = [name for batch in loader for name in batch]
+    local = open_source(f"wds:{shards}").records("train")
+    loader = DataLoader(_Names(local, plan), batch_size=4, num_workers=2, collate_fn=list)
+    assert names == [name for batch in loader for name in batch] and len(set(names)) == len(names) == 32
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("data.shard_errors", "maybe", "data.shard_errors: skip or stop"),
+    ("data.remote_timeout", "0", "data.remote_timeout: seconds"),
+    ("data.endpoint_url", "minio:9000", "data.endpoint_url: an http:// or https:// URL"),
+])
+def test_bad_remote_keys_are_one_line(key, value, message, capsys, tmp_path):
+    from resmlp.cli import main
+
+    assert main(["train", "--data", "wds:s3://bkt/x/", "--output", str(tmp_path / "run"), "--set", f"{key}={value}",
+                 "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
