@@ -252,3 +252,17 @@ def test_bad_remote_keys_are_one_line(key, value, message, capsys, tmp_path):
                  "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_s3_object_replaced_after_listing_is_skipped_before_it_is_read(shards, s3):
+    import boto3
+
+    upload(s3, "bkt", shards, "replaced")
+    records = open_source("wds:s3://bkt/replaced/", remote=RemoteOptions(endpoint_url=s3, **FAST)).records("train")
+    client = boto3.client("s3", endpoint_url=s3, region_name="us-east-1")
+    client.put_object(Bucket="bkt", Key="replaced/train-000001.tar",
+                      Body=(shards / "train-000002.tar").read_bytes())  # another shard's records, another ETag
+    with pytest.warns(UserWarning, match=r"skipping shard s3://bkt/replaced/train-000001\.tar: .*changed"):
+        read = _records(records, seed=0)
+    names = [name for name, payload, _ in read if not isinstance(payload, Unreadable)]
+    assert len(names) == 32 and not any(n.startswith("train-000001.tar#") for n in names)

@@ -11,8 +11,8 @@ to 1 + data.remote_retries times, waiting data.remote_backoff x 2^k seconds (at 
 connection errors, timeouts, 408/429/5xx and a body cut short. A missing object, a refusal (other 4xx) and an
 object changed since the run listed it are not retried. An object is known by its size and ETag when listed
 (`ObjectStat`): shards are read in ranges of exactly that size; over HTTP every range carries `If-Match:
-ETAG` (a changed object answers 412), and for every store the size and ETag are checked again when a shard
-ends; a difference is a `ChangedError`, never trained on as if nothing happened.
+ETAG` (a changed object answers 412); on S3 and GCS the size and ETag are checked when a shard starts, and
+for every store when it ends; a difference is a `ChangedError`, never trained on as if nothing happened.
 """
 
 from __future__ import annotations
@@ -108,7 +108,9 @@ def _fs_kwargs(protocol: str, options: RemoteOptions) -> dict[str, Any]:
         import s3fs  # noqa: F401 (ImportError: the one line above)
 
         config = {"connect_timeout": options.timeout, "read_timeout": options.timeout, "retries": {"max_attempts": 1}}
-        return {"config_kwargs": config, **({"endpoint_url": options.endpoint_url} if options.endpoint_url else {})}
+        # no listings cache: a shard checked again (check_unchanged, a resume's fingerprint) is asked of the store
+        return {"config_kwargs": config, "use_listings_cache": False,
+                **({"endpoint_url": options.endpoint_url} if options.endpoint_url else {})}
     if protocol in ("http", "https"):
         import aiohttp
 
@@ -116,7 +118,7 @@ def _fs_kwargs(protocol: str, options: RemoteOptions) -> dict[str, Any]:
         return {"client_kwargs": {"timeout": timeout}}
     import gcsfs  # noqa: F401
 
-    return {"timeout": options.timeout}
+    return {"timeout": options.timeout, "use_listings_cache": False}
 
 
 def _status(error: BaseException) -> int | None:

@@ -122,7 +122,8 @@ def shard_records(obj: ObjectStat, options: RemoteOptions,
                   read: Callable[[BinaryIO, str], Iterator[tuple[str, Payload, int]]]) -> Iterator[
         tuple[str, Payload, int]]:
     """The records `read(stream, url)` finds in the object: from the cache (fetched first) where
-    options.cache_dir is set, else streamed and checked unchanged at its end. A shard that fails for good is
+    options.cache_dir is set, else streamed, checked unchanged at its end (and at its start where ranges can't
+    carry If-Match: S3, GCS). A shard that fails for good is
     skipped with a warning naming it and one Unreadable record (counted in the run's summary), or, with
     options.on_error == "stop", ends the run in one line."""
     try:
@@ -130,6 +131,8 @@ def shard_records(obj: ObjectStat, options: RemoteOptions,
             with open(cached(obj, options), "rb") as stream:
                 yield from read(stream, obj.url)
             return
+        if not obj.url.lower().startswith(("http://", "https://")):  # HTTP: every range under If-Match
+            check_unchanged(obj, options)
         with open_object(obj, options) as stream:
             yield from read(stream, obj.url)
         check_unchanged(obj, options)
