@@ -162,6 +162,12 @@ def test_parquet_from_s3_streams_the_dataset_with_its_class_names(tmp_path, s3):
     read = _records(records, batch_size=4)
     assert sorted(label for _, _, label in read) == [0] * 6 + [1] * 6
     assert all(payload[:8] == b"\x89PNG\r\n\x1a\n" for _, payload, _ in read)  # as stored, undecoded
+    with http_server(folder) as url:  # over HTTP, which lists nothing: a pattern
+        pattern = open_source(f"hf:{url}/{{split}}-{{00000..00002}}-of-00003.parquet", remote=RemoteOptions(**FAST))
+        assert pattern.splits == ("train",)
+        assert [r[1:] for r in _records(pattern.records("train"), batch_size=4)] == [r[1:] for r in read]
+        with pytest.raises(DataError, match="HTTP lists no folders"):
+            open_source(f"hf:{url}/", remote=RemoteOptions(**FAST))
 
 
 def test_urls_without_their_library_or_through_a_shell_are_one_line():
