@@ -61,6 +61,18 @@ class DataConfig:
     permute: str = "none"  # none | patch | global: one fixed pixel permutation on train and val (resmlp.data.permute)
     permute_patch: int = 4  # patch mode: patch side in pixels (use the model's patch size)
     permute_seed: int = 0
+    # URLs in wds:/hf: (s3://, gs://, http(s)://; resmlp.data.sources.remote): an S3-compatible store's endpoint
+    # (None: AWS, or botocore's AWS_ENDPOINT_URL); tries after the first of each request, seconds each connect or
+    # read may wait, seconds before the second try (doubled each time); a shard that keeps failing: skip (named
+    # and counted) or stop
+    endpoint_url: str | None = None
+    remote_retries: int = 5
+    remote_timeout: float = 60.0
+    remote_backoff: float = 1.0
+    shard_errors: str = "skip"
+    # node-local copies of remote shards (resmlp.data.sources.shard_cache), at most cache_gb GB (LRU); None: none
+    cache_dir: str | None = None
+    cache_gb: float = 100.0
 
 
 @dataclass

@@ -118,9 +118,9 @@ def check_same_shards(trainer: TrainerView, state: dict[str, Any]) -> None:
     counts and sizes, other records) it would skip and repeat other images, so another digest is refused."""
     saved = state.get("stream_shards")
     if state.get("step_in_epoch") and saved is not None and saved != _stream_shards(trainer):
-        raise ValueError(f"{trainer.state_path} stopped mid-epoch over shards that have changed since (names, sizes "
-                         "or modification times differ); restore them (copies keep their times with cp -p or "
-                         "rsync -a), or start a new run")
+        raise ValueError(f"{trainer.state_path} stopped mid-epoch over shards that have changed since (names, sizes, "
+                         "modification times or a store's ETags differ); restore them (copies keep their times with "
+                         "cp -p or rsync -a), or start a new run")
 
 
 def check_same_shapes(trainer: TrainerView, saved: dict[str, Any]) -> None:

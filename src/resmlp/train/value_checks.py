@@ -11,6 +11,7 @@ from typing import Any
 
 from resmlp.build import parse_model_name
 from resmlp.data.sources import KINDS, NEEDS_ARGUMENT, PAPER_KINDS, parse_source
+from resmlp.data.sources.remote import is_url
 from resmlp.errors import ConfigError
 from resmlp.train.sections import TrainConfig
 
@@ -117,7 +118,25 @@ def check_source(d: Any) -> list[str]:
         errors.append(f"data.class_map: {d.class_map} does not exist or is not a file")
     if d.epoch_length is not None and not 0 < d.epoch_length <= 10**10:
         errors.append(f"data.epoch_length: training records per epoch, from 1 to 1e10, got {d.epoch_length}")
-    return errors + _source_errors(d)
+    return errors + _remote_errors(d) + _source_errors(d)
+
+
+def _remote_errors(d: Any) -> list[str]:
+    """The keys of URLs in wds:/hf: (resmlp.data.sources.remote)."""
+    errors = []
+    if not (isinstance(d.remote_retries, int) and 0 <= d.remote_retries <= 100):
+        errors.append(f"data.remote_retries: tries after the first, from 0 to 100, got {d.remote_retries}")
+    if not (isinstance(d.remote_timeout, (int, float)) and 0 < d.remote_timeout <= 3600):
+        errors.append(f"data.remote_timeout: seconds, above 0 and at most 3600, got {d.remote_timeout}")
+    if not (isinstance(d.remote_backoff, (int, float)) and 0 <= d.remote_backoff <= 60):
+        errors.append(f"data.remote_backoff: seconds, from 0 to 60, got {d.remote_backoff}")
+    if d.shard_errors not in ("skip", "stop"):
+        errors.append(f"data.shard_errors: skip or stop, got {d.shard_errors!r}")
+    if not (isinstance(d.cache_gb, (int, float)) and 0 < d.cache_gb <= 10**6):
+        errors.append(f"data.cache_gb: above 0, got {d.cache_gb}")
+    if d.endpoint_url is not None and not is_url(d.endpoint_url):
+        errors.append(f"data.endpoint_url: an http:// or https:// URL, got {d.endpoint_url!r}")
+    return errors
 
 
 def _source_errors(d: Any) -> list[str]:
@@ -129,7 +148,7 @@ def _source_errors(d: Any) -> list[str]:
         except ConfigError as e:
             return [f"data.source: {e}"]
         local = spec.kind in ("folder", "hf", "cifar10", "cifar100", "fashion-mnist", *PAPER_KINDS) \
-            and spec.arg is not None
+            and spec.arg is not None and not is_url(spec.arg)
         return [f"data.source: {spec.arg} does not exist"] if local and not Path(spec.arg).exists() else []
     if d.kind not in KINDS:
         return [f"data.kind: {d.kind!r} is not one of {', '.join(KINDS)}"]

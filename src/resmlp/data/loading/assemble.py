@@ -29,6 +29,7 @@ from resmlp.data.per_image.decoded import decoded
 from resmlp.data.per_image.folder import class_folder_records
 from resmlp.data.records import MapRecords, Source, SourceSpec
 from resmlp.data.sources import open_source, spec_from_config
+from resmlp.data.sources.remote import RemoteOptions
 from resmlp.data.splits import decide_splits
 from resmlp.preprocess import Preprocess
 
@@ -74,7 +75,13 @@ def run_source(d: DataConfig, img_size: int, seed: int, cache: str | Path | None
     """The run's source with the data section's options (`cache`: a folder for a folder source's index)."""
     return open_source(run_spec(d), synthetic_size=tuple(d.synthetic_size), synthetic_classes=d.synthetic_classes,
                        img_size=img_size, seed=seed, class_map=d.class_map, index_cache=cache,
-                       streaming=d.streaming, length=d.epoch_length)
+                       streaming=d.streaming, length=d.epoch_length, remote=remote_options(d))
+
+
+def remote_options(d: DataConfig) -> RemoteOptions:
+    """How the run reads URLs (resmlp.data.sources.remote), from the data section."""
+    return RemoteOptions(d.endpoint_url, d.remote_retries, float(d.remote_timeout), float(d.remote_backoff),
+                         d.shard_errors, d.cache_dir, int(d.cache_gb * 10**9))
 
 
 def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,

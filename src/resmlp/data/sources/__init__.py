@@ -8,9 +8,10 @@ One grammar names a source (`data.source` in a recipe, `--data` on the command l
                       class tars), read in place (resmlp.data.sources.imagenet_tar)
     folder:DIR        DIR holding ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and LOC_val_solution.csv
                       (or val.txt) as downloaded: read in place too
-    wds:PATTERN       WebDataset tar shards (resmlp.data.sources.wds); `{split}` in PATTERN names the split
+    wds:PATTERN       WebDataset tar shards (resmlp.data.sources.wds); `{split}` in PATTERN names the split;
+                      PATTERN may be an s3://, gs://, http(s):// URL (resmlp.data.sources.wds_remote)
     hf:DIR            a Hugging Face dataset saved with `datasets` (save_to_disk) or parquet files
-                      (resmlp.data.sources.hf)
+                      (resmlp.data.sources.hf); or a URL of parquet files, streamed (resmlp.data.sources.hf_remote)
     fashion-mnist[:DIR], cifar10:DIR, cifar100:DIR, synthetic
     imagenetv2:DIR    ImageNet-V2 as released (class folders 0..999), an evaluation set
                       (resmlp.data.sources.imagenet_v2)
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from resmlp.data.records import Source, SourceSpec
+from resmlp.data.sources.remote import is_url
 from resmlp.errors import ConfigError
 
 # the paper's other datasets (ImageNet-V2, ImageNet-21k, Table 4's transfer sets), each a folder as released
@@ -74,7 +76,8 @@ def spec_from_config(source: str | None, kind: str, folder: str | None) -> Sourc
 
 def open_source(spec: SourceSpec | str, **options: Any) -> Source:
     """The source `spec` names. options: in_chans-independent knobs of some kinds (synthetic_size,
-    synthetic_classes, img_size, seed for synthetic; class_map for folders; index_cache for folders)."""
+    synthetic_classes, img_size, seed for synthetic; class_map for folders; index_cache for folders; remote:
+    resmlp.data.sources.remote.RemoteOptions for URLs)."""
     spec = parse_source(spec) if isinstance(spec, str) else spec
     if spec.kind == "folder":  # a tar of the folder, or ImageNet's downloads in a folder
         from resmlp.data.sources.imagenet_tar import reads_in_place, tar_source
@@ -85,6 +88,8 @@ def open_source(spec: SourceSpec | str, **options: Any) -> Source:
         from resmlp.data.sources.imagenet import folder_source
 
         return folder_source(spec, class_map=options.get("class_map"), index_cache=options.get("index_cache"))
+    if spec.kind in ("wds", "hf") and is_url(spec.arg):
+        return _remote_source(spec, options)
     if spec.kind == "wds":
         from resmlp.data.sources.wds import wds_source
 
@@ -120,6 +125,22 @@ def _paper_source(spec: SourceSpec, options: dict[str, Any]) -> Source:
     from resmlp.data.sources.inaturalist import inaturalist_source
 
     return inaturalist_source(spec, int(spec.kind.removeprefix("inat")))
+
+
+def _remote_source(spec: SourceSpec, options: dict[str, Any]) -> Source:
+    """wds: and hf: URLs (resmlp.data.sources.wds_remote, hf_remote), read with options["remote"]."""
+    from resmlp.data.records import optional_module
+    from resmlp.data.sources.remote import RemoteOptions
+
+    remote = options.get("remote") or RemoteOptions()
+    if spec.kind == "wds":
+        from resmlp.data.sources.wds_remote import remote_wds_source
+
+        optional_module("webdataset")
+        return remote_wds_source(spec, options.get("length"), options.get("class_map"), remote)
+    from resmlp.data.sources.hf_remote import remote_hf_source
+
+    return remote_hf_source(spec, options.get("class_map"), remote)
 
 
 def _array_source(spec: SourceSpec, options: dict[str, Any]) -> Source:

@@ -38,6 +38,7 @@ from resmlp.data.records import (
     check_class_names,
     optional_module,
 )
+from resmlp.data.sources.remote import refuse_pipe
 from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.errors import DataError
 from resmlp.fileio import read_json_object
@@ -112,7 +113,8 @@ def _bounds(size: int, shards: int, index: int) -> slice:
 
 
 def hf_source(spec: SourceSpec, streaming: bool = False, class_map: str | None = None) -> Source:
-    """The splits of `spec.arg` (see the module doc)."""
+    """The splits of `spec.arg` (see the module doc); a URL: resmlp.data.sources.hf_remote."""
+    refuse_pipe(spec.arg)
     datasets = optional_module("datasets")
     root = Path(spec.arg)
     if not root.is_dir():

@@ -29,8 +29,10 @@ import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from resmlp.data.records import SPLITS, Payload, Source, SourceSpec, Unreadable, check_class_names, optional_module
+from resmlp.data.sources.remote import refuse_pipe
 from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.data.sources.wds_census import IMAGE_SUFFIXES, census, discover, info_classes, info_splits
 from resmlp.errors import DataError
@@ -55,6 +57,9 @@ class ShardFiles(ShardedRecords):
                  what: str) -> None:
         super().__init__(len(paths), counts, class_names, length, what)
         self.paths = paths
+        # where the classes came from when no census saw the labels (_info.json, data.class_map): a label outside
+        # them is a lie of that file, and stops the run in one line instead of being skipped
+        self.classes_from: str | None = None
 
     def fingerprint(self) -> str:
         """A digest of the shards' names, sizes and modification times: a shard rewritten since differs."""
@@ -65,23 +70,31 @@ class ShardFiles(ShardedRecords):
         return digest.hexdigest()
 
     def read_shard(self, index: int) -> Iterator[tuple[str, Payload, int]]:
-        wds = optional_module("webdataset")
         path = self.paths[index]
-        damaged = []
-
-        def note(exn: Exception) -> bool:  # webdataset's handler: record the damage, go on with the next shard
-            damaged.append(exn)
-            return True
-
         try:
             stream = open(path, "rb")  # noqa: SIM115 (closed below; the open's failure alone is caught) a local file: never webdataset's `pipe:` URLs, which run commands
         except OSError as e:
             warnings.warn(f"skipping shard {path}: {e.strerror or e}", stacklevel=2)
             return
         with stream:
-            files = wds.tariterators.tar_file_expander([{"url": path, "stream": stream}], handler=note)
-            for sample in wds.tariterators.group_by_keys(files, handler=note):
-                yield self._record(path, sample)
+            yield from self._read_tar(path, stream)
+
+    def _read_tar(self, path: str, stream: BinaryIO, fatal: type[Exception] | None = None) -> Iterator[
+            tuple[str, Payload, int]]:
+        """The records of the tar in `stream`; damage ends the shard with a warning (an exception of type `fatal`
+        is raised instead)."""
+        wds = optional_module("webdataset")
+        damaged = []
+
+        def note(exn: Exception) -> bool:  # webdataset's handler: record the damage, go on with the next shard
+            if fatal is not None and isinstance(exn, fatal):
+                raise exn
+            damaged.append(exn)
+            return True
+
+        files = wds.tariterators.tar_file_expander([{"url": path, "stream": stream}], handler=note)
+        for sample in wds.tariterators.group_by_keys(files, handler=note):
+            yield self._record(path, sample)
         if damaged:
             warnings.warn(f"shard {path} is damaged ({damaged[0]}); the rest of it was skipped", stacklevel=2)
 
@@ -94,6 +107,9 @@ class ShardFiles(ShardedRecords):
         if isinstance(label, Unreadable):
             return name, label, -1
         checked = checked_label(label, len(self.class_names))
+        if isinstance(checked, Unreadable) and self.classes_from and _LABEL.fullmatch(str(label)):
+            raise DataError(f"{name}: label {label} is outside the {len(self.class_names)} classes {self.classes_from} "
+                            "gives; fix it, or give the classes with --set data.class_map=FILE")
         return (name, checked, -1) if isinstance(checked, Unreadable) else (name, image, checked)
 
 
@@ -113,9 +129,11 @@ def _label(sample: dict) -> object:
 def wds_source(spec: SourceSpec, length: int | None = None, class_map: str | None = None,
                index_cache: str | Path | None = None) -> Source:
     """The splits of `spec.arg`: a folder with index.json, a folder of shards written by other tools
-    (resmlp.data.sources.wds_census), or a brace pattern (see the module doc)."""
+    (resmlp.data.sources.wds_census), or a brace pattern (see the module doc); a URL:
+    resmlp.data.sources.wds_remote."""
     optional_module("webdataset")
     arg = spec.arg
+    refuse_pipe(arg)
     if os.path.isdir(arg):
         index_path = Path(arg) / INDEX
         if index_path.is_file():
@@ -144,11 +162,11 @@ def _made(spec: SourceSpec, found: dict[str, list[str]], counts: dict[str, list[
     """The splits' ShardFiles; counts and classes no file gave counted from the shards (wds_census)."""
     from resmlp.data.sources.imagenet import read_class_map
 
-    largest = -1
+    largest, counted = -1, False
     for split, paths in found.items():
         if split not in counts or (class_map is None and named is None):
             counts[split], top = census(paths, index_cache)
-            largest = max(largest, top)
+            largest, counted = max(largest, top), True
     if class_map:
         classes = check_class_names(read_class_map(class_map), class_map)
     elif isinstance(named, list):
@@ -159,8 +177,11 @@ def _made(spec: SourceSpec, found: dict[str, list[str]], counts: dict[str, list[
             raise DataError(f"{spec}: no record has a class label (.cls or .json); give the classes with "
                             "--set data.class_map=FILE")
         classes = check_class_names([str(c) for c in range(total)], f"{spec} labels")
-    return Source(spec, {split: ShardFiles(paths, counts[split], classes, length if split == "train" else None,
-                                           f"{spec} {split}") for split, paths in found.items()})
+    made = {split: ShardFiles(paths, counts[split], classes, length if split == "train" else None, f"{spec} {split}")
+            for split, paths in found.items()}
+    for records in made.values():
+        records.classes_from = None if counted else f"data.class_map {class_map}" if class_map else "the shard info"
+    return Source(spec, made)
 
 
 def read_index(path: Path) -> dict:
