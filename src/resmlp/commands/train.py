@@ -16,6 +16,7 @@ from resmlp.commands.common import (
     add_training_arguments,
     amp_value,
     batch_size,
+    deit_command_line,
     exit_status,
     print_dry_run,
     recipe_for,
@@ -29,19 +30,25 @@ DATA_KINDS = ("fashion-mnist", "folder", "wds", "hf", "cifar10", "cifar100", "sy
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model from a recipe (Fashion-MNIST quickstart by default)",
                        description="Train from a recipe; the options below and --set section.key=value override it.")
+    p.add_argument("data_positional", nargs="?", metavar="DATA_DIR",
+                   help="dataset folder, as timm's train.py takes it (= data.dir; without --recipe: recipe deit)")
     add_training_arguments(p, "fashion-mnist-quick")
     kd = p.add_argument_group("distillation (the paper's section 4.2; = the distill section)")
     kd.add_argument("--distill", "--teacher-model", dest="distill", metavar="TEACHER",
                     help="distil from TEACHER: a checkpoint file, timm:NAME or torchvision:NAME (= distill.teacher)")
-    kd.add_argument("--teacher-weights", help="weights file of a timm:/torchvision: teacher (= distill.weights)")
+    kd.add_argument("--teacher-weights", "--teacher-path", dest="teacher_weights",
+                    help="weights file of a timm:/torchvision: teacher (= distill.weights)")
     kd.add_argument("--allow-random-teacher", action="store_true", default=None,
                     help="distil from a timm:/torchvision: teacher without weights (= distill.allow_random_teacher)")
     kd.add_argument("--teacher-classes-match", action="store_true", default=None,
                     help="the teacher's logit i is the data's class i: admits a teacher whose file records no class "
                          "names (= distill.classes_match)")
-    kd.add_argument("--distill-type", choices=("hard", "soft"), help="= distill.type (default hard)")
-    kd.add_argument("--distill-alpha", type=float, help="soft distillation: weight of the KL term (= distill.alpha)")
-    kd.add_argument("--distill-tau", type=float, help="soft distillation: temperature (= distill.tau)")
+    kd.add_argument("--distill-type", "--distillation-type", dest="distill_type",
+                    choices=("hard", "soft"), help="= distill.type (default hard)")
+    kd.add_argument("--distill-alpha", "--distillation-alpha", dest="distill_alpha", type=float,
+                    help="soft distillation: weight of the KL term (= distill.alpha)")
+    kd.add_argument("--distill-tau", "--distillation-tau", dest="distill_tau", type=float,
+                    help="soft distillation: temperature (= distill.tau)")
     kd.add_argument("--distill-cache", action="store_true", default=None,
                     help="run the teacher once per distinct image (fixed augmentation only; on a GPU each step "
                          "waits for the host to hash the batch; = distill.cache)")
@@ -104,7 +111,10 @@ def run_train(args: argparse.Namespace) -> int:
 
         return print_dry_run(args, lambda more: load_config(recipe_for(args), {**overrides, **more}, False))
     recipe = recipe_for(args)
-    if recipe == args.default_recipe and args.recipe is None:
+    if deit_command_line(args) and not args.resume:
+        print(f"note: no --recipe, and the data named as DeiT's main.py or timm's train.py name it: recipe {recipe} "
+              "(the authors' ImageNet recipe; pass --recipe to choose another)", file=sys.stderr, flush=True)
+    elif recipe == args.default_recipe and args.recipe is None:
         from resmlp.train.config import default_recipe_notice
 
         if notice := default_recipe_notice(recipe, overrides):

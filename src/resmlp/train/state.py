@@ -15,6 +15,7 @@ from resmlp.checkpoint_reader import check_int, check_state_dict
 from resmlp.data.loading.loaders import StreamPosition
 from resmlp.errors import CheckpointError
 from resmlp.fileio import atomic_write
+from resmlp.train.step import schedule_to
 
 if TYPE_CHECKING:
     from resmlp.train.view import TrainerView
@@ -172,7 +173,7 @@ def restore(trainer: TrainerView, state: dict[str, Any]) -> None:
     trainer.wall_before = state["wall_seconds"]
     # the schedule is a function of the config and the step, so it is rebuilt rather than loaded: a resume
     # may extend schedule.epochs or lower optim.lr (check_resumable says which keys may change)
-    trainer.scheduler.step_update(trainer.global_step)
+    schedule_to(trainer.scheduler, trainer.cfg.schedule, trainer.global_step, trainer.epoch)
 
 
 def seed_step(seed: int, step: int, rank: int) -> None:

@@ -92,6 +92,12 @@ def check_augmentation(d: Any) -> list[str]:
     training op the data section asks for."""
     if d.auto_augment is not None and (errors := check_auto_augment(d.auto_augment)):
         return errors
+    if d.remode not in ("pixel", "rand", "const"):
+        return [f"data.remode: {d.remode!r} is not one of pixel, rand, const (timm's random erasing modes)"]
+    if (d.remode, d.recount) != ("pixel", 1) and (d.pipeline, d.batch_augment) != ("timm", False):
+        return [f"data.remode={d.remode} / data.recount={d.recount} run in timm's per-image transform only (the "
+                "batched and device paths erase one box of pixel noise, DeiT's default); set data.pipeline=timm and "
+                "data.batch_augment=false"]
     hint = "; set data.pipeline=timm (timm's per-image transform)"
     if d.pipeline not in ("device", "timm"):
         return [f"data.pipeline: {d.pipeline!r} is not one of device, timm"]
