@@ -1,6 +1,7 @@
 """One grammar for naming a model, everywhere a model is named (training, teachers, benchmark, analysis):
 
-    preset              a preset of this project (resmlp_s12, mixer_b16, ...; `resmlp models` lists them)
+    preset              a preset of this project (resmlp_s12, mixer_b16, ...; `resmlp models` lists them), also
+                        by DeiT's and timm's names of the same architecture (resmlp_12, resmlp_12_224)
     timm:NAME           any timm architecture (random weights unless a weights file is given)
     torchvision:NAME    any torchvision classifier (random weights unless a weights file is given)
     path/to/checkpoint  a checkpoint file: ours (.safetensors with its config), timm's or DeiT's
@@ -42,7 +43,7 @@ def parse_model_name(spec: str) -> ModelName:
     """`preset | timm:NAME | torchvision:NAME | path` -> ModelName; a clear error for anything else."""
     from resmlp.models.registry import PRESETS
 
-    spec = str(spec).strip()
+    spec = canonical_name(str(spec).strip())
     prefix, sep, rest = spec.partition(":")
     if sep and prefix in ("timm", "torchvision"):
         if not rest:
@@ -65,6 +66,15 @@ def parse_model_name(spec: str) -> ModelName:
         hint = f" {spec} is a timm architecture: write timm:{spec}"
     raise ValueError(f"unknown model {spec!r}: expected a preset (`resmlp models`), timm:NAME, torchvision:NAME or "
                      f"a checkpoint file (.safetensors, .pth).{hint}")
+
+
+def canonical_name(spec: str) -> str:
+    """DeiT's or timm's name of a preset's architecture (resmlp_12, resmlp_12_224; with a weight tag,
+    resmlp_12_224.fb_in1k) as the preset's name; any other spec unchanged."""
+    from resmlp.models.registry import PRESET_ALIASES
+
+    name, dot, tag = spec.partition(".")
+    return PRESET_ALIASES[name] + dot + tag if name in PRESET_ALIASES else spec
 
 
 # the model keys a recipe written for another architecture still means for each kind of model: the data's

@@ -106,15 +106,15 @@ def run_train(args: argparse.Namespace) -> int:
 
         name = overrides.get("model.name") or load_config(recipe_for(args), overrides, False).model["name"]
         overrides["model.name"] = pretrained_name(str(name))
-    if args.dry_run:
-        from resmlp.train.config import load_config
-
-        return print_dry_run(args, lambda more: load_config(recipe_for(args), {**overrides, **more}, False))
     recipe = recipe_for(args)
     if deit_command_line(args) and not args.resume:
         print(f"note: no --recipe, and the data named as DeiT's main.py or timm's train.py name it: recipe {recipe} "
               "(the authors' ImageNet recipe; pass --recipe to choose another)", file=sys.stderr, flush=True)
-    elif recipe == args.default_recipe and args.recipe is None:
+    if args.dry_run:
+        from resmlp.train.config import load_config
+
+        return print_dry_run(args, lambda more: load_config(recipe, {**overrides, **more}, False))
+    if recipe == args.default_recipe and args.recipe is None:
         from resmlp.train.config import default_recipe_notice
 
         if notice := default_recipe_notice(recipe, overrides):
