@@ -83,7 +83,7 @@ def test_help_groups_the_spellings(capsys):
         main(["train", "--help"])
     text = capsys.readouterr().out
     group = " ".join(text[text.index("timm / DeiT spellings"):text.index("training options (")].split())
-    for argv, key, _ in SPELLINGS:
+    for argv, _key, _ in SPELLINGS:
         assert argv[0] in group, argv[0]
     assert "--input-size" in group and "(= data.mixup_prob)" in group
 
@@ -131,7 +131,8 @@ def _tiny_imagenet(root: Path) -> Path:
         for cls in ("n01440764", "n01443537"):
             (root / split / cls).mkdir(parents=True)
             for i in range(4):
-                Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(root / split / cls / f"{i}.JPEG")
+                pixels = rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / cls / f"{i}.JPEG")
     return root
 
 
