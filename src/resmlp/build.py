@@ -7,6 +7,8 @@
     path/to/checkpoint  a checkpoint file: ours (.safetensors with its config), timm's or DeiT's
     preset.TAG          a preset's published weights as timm names them (resmlp_s12.fb_in1k): their file,
                         from the Hugging Face cache (resmlp.models.weight_tags)
+    hf-hub:ORG/NAME     a Hub repository's weight file in the local Hugging Face cache, as timm names it
+                        (hf-hub:timm/resmlp_12_224.fb_in1k; read offline, resmlp.models.weight_tags.hub_model_file)
 
 `build_model(spec, ...)` makes the model; `model_input(spec, ...)` says what input it takes without building
 it where it can. Fine-tuning helpers live here too: a checkpoint start at a new resolution, freezing.
@@ -44,6 +46,10 @@ def parse_model_name(spec: str) -> ModelName:
     from resmlp.models.registry import PRESETS
 
     spec = canonical_name(str(spec).strip())
+    from resmlp.models.weight_tags import hub_model_file
+
+    if (hub_file := hub_model_file(spec)) is not None:
+        return ModelName("file", str(hub_file))
     prefix, sep, rest = spec.partition(":")
     if sep and prefix in ("timm", "torchvision"):
         if not rest:

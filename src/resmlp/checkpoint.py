@@ -46,14 +46,15 @@ class WeightsUnavailableError(RuntimeError):
 torch_load = read_torch_file
 
 
-def read_checkpoint(path: str | Path, allow_nonfinite: bool = False
+def read_checkpoint(path: str | Path, allow_nonfinite: bool = False, checkpoint_key: str | None = None
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Tensors of a checkpoint file (.safetensors, or a torch zip read weights-only) and its metadata.
 
     Refuses (CheckpointError) malformed files, tensors and metadata and NaN/infinite values, naming the
     first bad tensor; `allow_nonfinite=True` only warns about them (see resmlp.checkpoint_reader).
+    checkpoint_key: the entry of a training checkpoint to read (e.g. timm's 'state_dict_ema').
     """
-    return read_state_dict(path, allow_nonfinite)
+    return read_state_dict(path, allow_nonfinite, checkpoint_key)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -224,13 +225,13 @@ def load_with_metadata(path: str | Path, allow_nonfinite: bool = False,
     return model, header.get("extra", {})
 
 
-def load_with_header(path: str | Path, allow_nonfinite: bool = False,
+def load_with_header(path: str | Path, allow_nonfinite: bool = False, checkpoint_key: str | None = None,
                      **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model and everything the file says about itself: read_checkpoint's metadata ('config', 'timm',
     'torchvision', 'extra'; 'torch' for torch files) and 'layout', the key layout of its weights (one of
     resmlp.models.formats.FORMATS, None for timm/torchvision models): what the evaluation preprocessing of a
     file without preprocessing metadata is chosen by (resmlp.preprocess.preprocess_of_file)."""
-    tensors, meta = read_checkpoint(path, allow_nonfinite)
+    tensors, meta = read_checkpoint(path, allow_nonfinite, checkpoint_key)
     try:
         layout = None if "timm" in meta or "torchvision" in meta else detect_format(tensors)
     except CheckpointError:

@@ -72,8 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="precision: auto = bf16 where the hardware has it, else fp32 (default auto)")
     add_output_argument(e, help="folder for summary.json and confusion_matrix.png")
     add_progress_argument(e)
-    e.add_argument("--batch-size", type=batch_size, default=256, metavar="N",
-                       help="images per batch (default 256)")
+    e.add_argument("--batch-size", "-b", type=batch_size, default=256, metavar="N",
+                   help="images per batch (default 256)")
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add_crop_argument(e)
     add_threads_argument(e)
@@ -88,6 +88,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="write each image's file, label and top-k classes with probabilities to CSV")
     extras.add_argument("--topk", type=int, default=5, metavar="K",
                         help="classes per image in --results (default 5)")
+    extras.add_argument("--use-ema", action="store_true",
+                        help="the checkpoint's weight EMA: timm's state_dict_ema, DeiT's model_ema, a run's last.pth "
+                             "ema; a run folder / .safetensors of a run that kept one (--model-ema) is its EMA")
+    extras.add_argument("--img-size", type=int, metavar="N",
+                        help="evaluate at N px: the model moved to that size (ResMLP's grid weights resized)")
+    extras.add_argument("--interpolation", metavar="MODE",
+                        help="the evaluation resize's filter (bicubic, bilinear, nearest...) instead of the file's")
+    extras.add_argument("--torchcompile", nargs="?", const="inductor", metavar="BACKEND",
+                        help="torch.compile the model (backend: inductor unless named)")
     e.set_defaults(run=run_eval)
 
 
@@ -180,7 +189,8 @@ def run_eval(args: argparse.Namespace) -> int:
                            output=args.output, batch_size=args.batch_size, device=args.device, amp=args.amp,
                            progress=args.progress, announce=_print_scores, crop_pct=args.crop_pct,
                            real_labels=args.real_labels, valid_labels=args.valid_labels, results=args.results,
-                           topk=args.topk)
+                           topk=args.topk, use_ema=args.use_ema, img_size=args.img_size,
+                           interpolation=args.interpolation, torchcompile=args.torchcompile)
     if args.output:
         print(f"confusion matrix: {summary['confusion_matrix']}\nsummary: {args.output}/summary.json")
     if args.results:
