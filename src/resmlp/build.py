@@ -4,7 +4,8 @@
                         by DeiT's and timm's names of the same architecture (resmlp_12, resmlp_12_224)
     timm:NAME           any timm architecture (random weights unless a weights file is given)
     torchvision:NAME    any torchvision classifier (random weights unless a weights file is given)
-    path/to/checkpoint  a checkpoint file: ours (.safetensors with its config), timm's or DeiT's
+    path/to/checkpoint  a checkpoint file: ours (.safetensors with its config), timm's or DeiT's; a run folder
+                        names its best.safetensors
     preset.TAG          a preset's published weights as timm names them (resmlp_s12.fb_in1k): their file,
                         from the Hugging Face cache (resmlp.models.weight_tags)
     hf-hub:ORG/NAME     a Hub repository's weight file in the local Hugging Face cache, as timm names it
@@ -59,6 +60,11 @@ def parse_model_name(spec: str) -> ModelName:
         return ModelName("preset", spec)
     if spec.endswith(CHECKPOINT_SUFFIXES) or Path(spec).is_file():
         return ModelName("file", spec)
+    if spec and Path(spec).is_dir():  # a run folder, as eval, predict and export take it: its best checkpoint
+        if not (Path(spec) / "best.safetensors").is_file():
+            raise ValueError(f"model {spec!r} is a folder without best.safetensors; name a checkpoint file or a "
+                             "finished run folder")
+        return ModelName("file", str(Path(spec) / "best.safetensors"))
     from resmlp.models.weight_tags import tagged_weights
 
     weights = tagged_weights(spec)  # PRESET.TAG, timm's name of published weights: their local file

@@ -145,13 +145,14 @@ def load_state_into(model: ResMLP, state_dict: dict[str, torch.Tensor], source: 
     refitted to the model, which the message describes (a refitted grid would report a size the file is not)."""
     if reset_head:
         state_dict = {k: v for k, v in state_dict.items() if not k.startswith("head.")}
-    _check_fits(model, state_dict, source, ignore_head=reset_head, as_read=as_read)
+    check_fits(model, state_dict, source, ignore_head=reset_head, as_read=as_read)
     model.load_state_dict(state_dict, strict=not reset_head)
     return model
 
 
-def _check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], path: str | Path,
-                ignore_head: bool, as_read: dict[str, torch.Tensor] | None = None) -> None:
+def check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], path: str | Path,
+               ignore_head: bool = False, as_read: dict[str, torch.Tensor] | None = None) -> None:
+    """A CheckpointError saying what differs where `state_dict` (read from `path`) does not fit `model`."""
     expected = {k: v for k, v in model.state_dict().items() if not (ignore_head and k.startswith("head."))}
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
@@ -264,7 +265,7 @@ def _build_from_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta
     _check_config_bounds(config, state_dict, path)
     with torch.device("meta"):
         skeleton = ResMLP(config)
-    _check_fits(skeleton, state_dict, path, ignore_head=False)
+    check_fits(skeleton, state_dict, path, ignore_head=False)
     model = ResMLP(config)
     model.load_state_dict(state_dict)
     model.pretrained_cfg = describe_checkpoint(model, meta.get("extra", {}))
@@ -324,7 +325,7 @@ def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: d
             skeleton = timm.create_model(name, pretrained=False, **kwargs)
     except Exception as e:  # timm raises TypeError/ValueError/AssertionError... for arguments it can't take
         raise CheckpointError(f"{path}: timm can't build {name} with {kwargs} ({type(e).__name__}: {e})") from None
-    _check_fits(skeleton, tensors, path, ignore_head=False)
+    check_fits(skeleton, tensors, path, ignore_head=False)
     _check_class_scores(skeleton, kwargs.get("in_chans", 3), kwargs.get("img_size"), path)
     model = timm.create_model(name, pretrained=False, **kwargs)
     model.load_state_dict(tensors)
@@ -350,7 +351,7 @@ def _load_torchvision_model(path: str | Path, tensors: dict[str, torch.Tensor],
     except Exception as e:  # torchvision raises TypeError/ValueError... for arguments it can't take
         raise CheckpointError(f"{path}: torchvision can't build {spec['name']} with {spec['kwargs']} "
                               f"({type(e).__name__}: {e})") from None
-    _check_fits(skeleton, tensors, path, ignore_head=False)
+    check_fits(skeleton, tensors, path, ignore_head=False)
     _check_class_scores(skeleton, spec["in_chans"] or 3, spec["kwargs"].get("image_size"), path)
     model = build_torchvision(spec["name"], spec["in_chans"], **spec["kwargs"])
     model.load_state_dict(tensors)

@@ -233,9 +233,27 @@ def step_count(text: str) -> int:
 step_count.__name__ = "number of steps (1 or more)"
 
 
+def program_words() -> list[str]:
+    """The program as the user started it, for a printed command to be runnable as typed: `.venv/bin/resmlp`
+    (the README's way) where that path was run and `resmlp` on PATH is another or none, `PYTHON -m resmlp` for
+    `python -m resmlp`, else `resmlp`."""
+    import os
+    import shutil
+    import sys
+
+    started = sys.argv[0] if sys.argv else ""
+    if Path(started).name == "__main__.py" and Path(started).parent.name == "resmlp":
+        return [getattr(sys, "orig_argv", [sys.executable])[0], "-m", "resmlp"]
+    if Path(started).name != "resmlp" or os.sep not in started:
+        return ["resmlp"]
+    on_path = shutil.which("resmlp")
+    same = on_path is not None and Path(on_path).resolve() == Path(started).resolve()
+    return ["resmlp"] if same else [started]
+
+
 def continue_command(args: argparse.Namespace) -> str:
     """The command that resumes the run of training command `args`."""
-    words = ["resmlp", args.command, *([args.method] if args.command == "pretrain" else []),
+    words = [*program_words(), args.command, *([args.method] if args.command == "pretrain" else []),
              *([args.checkpoint] if args.command == "finetune" else []), "--output", str(args.output), "--resume"]
     return shlex.join(words)
 

@@ -70,7 +70,7 @@ def resolve_weights_file(cfg: dict[str, Any], cache_dir: str | Path | None = Non
     URL as cached, else downloaded where the network allows (resmlp.models.weight_tags: no ~58 s of retries
     offline, and HF_HUB_OFFLINE=1 reads both caches)."""
     from resmlp.checkpoint import WeightsUnavailableError, download_published
-    from resmlp.models.weight_tags import hub_reachable, no_network_reason, torch_hub_file
+    from resmlp.models.weight_tags import hub_reachable, missing_weights, no_network_reason, torch_hub_file
 
     if cfg.get("file"):
         return Path(cfg["file"])
@@ -83,11 +83,10 @@ def resolve_weights_file(cfg: dict[str, Any], cache_dir: str | Path | None = Non
     if not (repo or url):
         raise WeightsUnavailableError(f"no weights known for {cfg.get('architecture')}")
     why = no_network_reason(url)
-    if why is not None:
-        place = f"download {url} elsewhere and place it at {torch_hub_file(url)}, or " if url else ""
-        raise WeightsUnavailableError(f"weights of {cfg.get('architecture')} are in neither the Hugging Face cache "
-                                      f"nor torch.hub's, and {why}: {place}pass checkpoint_path=... to load a local "
-                                      "copy")
+    if why is not None:  # the same line as the CLI's (weight_tags.tagged_weights), naming the tag
+        spec = ".".join(str(p) for p in (cfg.get("architecture"), cfg.get("tag")) if p)
+        raise WeightsUnavailableError(missing_weights(spec, repo, url, why, "pass checkpoint_path=... to load a "
+                                                                           "local copy"))
     if repo and hub_reachable():
         path, hub_failure = _from_hub(repo, cache_dir, local_only=False)
         if path is not None:

@@ -133,17 +133,26 @@ def tagged_weights(spec: str) -> Path | None:
         return cached
     why = no_network_reason(weights.url)
     if why is not None:
-        folder = hub_cache() / f"models--{weights.hf_hub_id.replace('/', '--')}" if weights.hf_hub_id else None
-        where = f"the Hugging Face cache ({folder})" if folder else "no cache"
-        place = f", download {weights.url} elsewhere and place it at {hub_file}" if hub_file else ""
-        raise ConfigError(f"weights {spec} are not in {where} and {why}: run once with network access{place}, or "
-                          f"name a local weight file in place of {spec}")
+        raise ConfigError(missing_weights(spec, weights.hf_hub_id, weights.url, why,
+                                          f"name a local weight file in place of {spec}"))
     path = _from_hub_cache(weights.hf_hub_id, local_only=False) if weights.hf_hub_id and hub_reachable() else None
     if path is not None:
         return path
     from resmlp.checkpoint import download_published
 
     return download_published(weights.url)
+
+
+def missing_weights(spec: str, hf_hub_id: str | None, url: str | None, why: str, instead: str) -> str:
+    """The one line said where published weights `spec` (PRESET.TAG) are in neither cache and may not be
+    downloaded (`why`), the same from every entry point (the CLI, resmlp.create_model, timm.create_model): the
+    Hugging Face cache folder and torch.hub's file, where each would be read, and `instead`, the entry point's
+    own way to name a local copy."""
+    folder = hub_cache() / f"models--{hf_hub_id.replace('/', '--')}" if hf_hub_id else None
+    where = f"the Hugging Face cache ({folder})" if folder else "no cache"
+    hub_file = torch_hub_file(url) if url else None
+    place = f", download {url} elsewhere and place it at {hub_file}" if hub_file else ""
+    return f"weights {spec} are not in {where} and {why}: run once with network access{place}, or {instead}"
 
 
 def _from_hub_cache(repo_id: str, local_only: bool) -> Path | None:

@@ -269,7 +269,8 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(s.epochs >= 1, f"schedule.epochs must be >= 1, got {s.epochs}")
     need(0 <= s.warmup_epochs < s.epochs,
          f"schedule.warmup_epochs is {s.warmup_epochs}, which must be in [0, schedule.epochs = {s.epochs}); "
-         f"set a shorter warm-up with --warmup-epochs N (= --set schedule.warmup_epochs=N)")
+         f"set a shorter warm-up with --warmup-epochs N (= --set schedule.warmup_epochs=N)"
+         + value_checks.dino_warmup_hint(cfg))
     need(s.step_on in ("update", "epoch"), f"schedule.step_on: {s.step_on!r} is not one of update, epoch")
     need(s.decay_epochs > 0, f"schedule.decay_epochs must be > 0, got {s.decay_epochs}")
     need(0 <= cfg.loss.label_smoothing < 1, f"loss.label_smoothing must be in [0, 1), got {cfg.loss.label_smoothing}")

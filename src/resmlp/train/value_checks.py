@@ -144,3 +144,14 @@ def _source_errors(d: Any) -> list[str]:
     if d.kind in NEEDS_ARGUMENT:
         return [f"data.dir: the {d.kind} dataset needs a folder (--data-dir DIR, or --data {d.kind}:DIR)"]
     return []
+
+
+def dino_warmup_hint(cfg: Any) -> str:
+    """Said with a too-long schedule.warmup_epochs of a DINO run whose teacher-temperature warm-up also outlasts
+    it (a smoke run, --epochs 1, of a DINO recipe): the second flag, so one message names both."""
+    warm = cfg.dino.warmup_teacher_temp_epochs
+    if cfg.task_name != "dino" or warm < cfg.schedule.epochs:
+        return ""
+    return (f"; the teacher-temperature warm-up (dino.warmup_teacher_temp_epochs={warm}) also outlasts the run: "
+            "for a smoke run add --set dino.warmup_teacher_temp_epochs=0 too (e.g. --epochs 1 --warmup-epochs 0 "
+            "--set dino.warmup_teacher_temp_epochs=0)")
