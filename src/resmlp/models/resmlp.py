@@ -386,35 +386,17 @@ def describe_model(cfg: ResMLPConfig) -> dict[str, Any]:
 
 def _adapt_incoming_state(module: ResMLP, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
     """load_state_dict pre-hook: a training checkpoint's model weights, in timm's or DeiT's key layout, or
-    for another grid, are converted to this model's names and shapes first (in place). Weights of another
-    architecture loaded into the whole model (timm.create_model(..., checkpoint_path=...) loads so), whose
-    shapes differ, which torch refuses strict or not, are refused as resmlp.create_model refuses them: the
-    fields that differ (resmlp.checkpoint's CheckpointError), not torch's list of every key."""
+    for another grid, are converted to this model's names and shapes first (in place)."""
     from resmlp.models.formats import adapt_state_dict
 
     own = [k for k in state_dict if k.startswith(prefix)]
     local = {k[len(prefix):]: state_dict[k] for k in own}
     adapted = adapt_state_dict(local, module)
-    if not prefix and _shapes_differ(module, adapted):
-        from resmlp.checkpoint import check_fits  # imported here: resmlp.checkpoint imports the models
-        from resmlp.models.formats import to_resmlp_keys
-
-        try:
-            as_read = to_resmlp_keys(local)  # our names, the file's sizes (before any grid refit)
-        except Exception:  # no known layout: check_fits names the keys
-            as_read = None
-        check_fits(module, adapted, "the weights given to load_state_dict", as_read=as_read)
     if adapted is local:
         return
     for k in own:
         del state_dict[k]
     state_dict.update({prefix + k: v for k, v in adapted.items()})
-
-
-def _shapes_differ(module: nn.Module, state_dict: dict[str, Any]) -> bool:
-    """Whether a tensor of `state_dict` has another shape than the module's tensor of the same name."""
-    own = module.state_dict()
-    return any(isinstance(v, torch.Tensor) and k in own and v.shape != own[k].shape for k, v in state_dict.items())
 
 
 def _is_mixer(cfg: ResMLPConfig) -> bool:
