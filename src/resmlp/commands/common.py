@@ -156,7 +156,7 @@ TRAINING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                                           "fashion-mnist, cifar10:DIR, cifar100:DIR, synthetic")),
     "--data-dir": ("data.dir", dict(metavar="DIR", help="dataset folder")),
     "--data-path": ("data.dir", dict(metavar="DIR", help="dataset folder, as DeiT names it (without --recipe: "
-                                                         f"recipe {'deit'})")),
+                                                         "recipe deit)")),
     "--no-progress": ("train.progress", dict(action="store_false", default=None,
                                              help="no progress bars (per-epoch lines only)")),
     "--checkpoint-hist": ("train.checkpoint_hist", dict(type=int, metavar="N",
