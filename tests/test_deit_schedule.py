@@ -113,3 +113,17 @@ def test_a_training_run_records_deit_lrs_and_resumes_exactly(tmp_path):
     assert lrs("resumed") == lrs("whole")
     whole, resumed = (load_file(tmp_path / run / "last.safetensors") for run in ("whole", "resumed"))
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+def test_a_run_saved_before_step_on_existed_resumes_and_a_changed_one_is_refused():
+    import copy
+
+    from resmlp.train.state import check_resumable
+
+    now = load_config("fashion-mnist-quick").to_dict()
+    saved = copy.deepcopy(now)
+    del saved["schedule"]["step_on"]  # a config.json written before the key existed: it stepped per update
+    check_resumable("last.pth", saved, now)
+    now["schedule"]["step_on"] = "epoch"
+    with pytest.raises(ValueError, match="schedule.step_on: was None, now 'epoch'"):
+        check_resumable("last.pth", saved, now)

@@ -69,8 +69,12 @@ def check_resumable(path: str | Path, saved: dict[str, Any], now: dict[str, Any]
     """Refuse a resume whose config differs from the saved run's beyond RESUMABLE_CHANGES, naming every
     differing key with its old and new value."""
     old, new = _flatten(saved), _flatten(now)
+    from resmlp.train.sections import TrainConfig
+
+    defaults = _flatten(TrainConfig().to_dict())  # a key added since the run was saved, at its default, is no change
     changed = [key for key in sorted(old.keys() | new.keys())
-               if key != "recipe" and old.get(key) != new.get(key) and key not in RESUMABLE_CHANGES]
+               if key != "recipe" and old.get(key) != new.get(key) and key not in RESUMABLE_CHANGES
+               and not (key not in old and key in defaults and new.get(key) == defaults[key])]
     if changed:
         lines = [f"  {key}: was {old.get(key)!r}, now {new.get(key)!r}" for key in changed]
         raise ValueError(f"{path} was trained with different settings:\n" + "\n".join(lines) + "\nresume with the "
