@@ -38,12 +38,13 @@ def test_each_training_command_offers_what_it_accepts():
 
 
 def test_help_says_what_the_commands_do_with_their_options(capsys):
-    """--plot needs --accuracy or --val-data; the probes classify a folder's test/ when it has one."""
+    """--plot draws accuracy with --accuracy or --val-data, throughput alone without; the probes classify a
+    folder's test/ when it has one."""
     import pytest
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["benchmark", "--help"])
-    assert "needs --accuracy or --val-data" in " ".join(capsys.readouterr().out.split())
+    assert "with --accuracy or --val-data; without them, throughput alone" in " ".join(capsys.readouterr().out.split())
     for command in ("eval-knn", "eval-linear"):
         with pytest.raises(SystemExit):
             build_parser().parse_args([command, "--help"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import logging
 import sys
 from typing import Any
 
@@ -26,6 +27,16 @@ _EXPORTS = {
 _SUBMODULES = ("analysis", "build", "checkpoint", "complexity", "data", "evaluation", "export", "folding", "hostinfo",
                "inference", "layers", "models", "preprocess", "reporting", "runtime", "seq2seq", "train", "transfer")
 __all__ = sorted(_EXPORTS)
+
+
+def _no_cuda_runtime_line(record: logging.LogRecord) -> bool:
+    """False for torch.utils.cpp_extension's "No CUDA runtime is found, using CUDA_HOME=..." (issue 57 item 4):
+    logged when torch.compile's C++ backend is imported on a host without a usable GPU (a CPU-only host with a
+    CUDA toolkit installed), where it says nothing the user can act on; every other record passes."""
+    return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+logging.getLogger("torch.utils.cpp_extension").addFilter(_no_cuda_runtime_line)  # no torch import: a name only
 
 
 def __getattr__(name: str) -> Any:

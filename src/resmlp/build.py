@@ -1,11 +1,15 @@
 """One grammar for naming a model, everywhere a model is named (training, teachers, benchmark, analysis):
 
-    preset              a preset of this project (resmlp_s12, mixer_b16, ...; `resmlp models` lists them)
+    preset              a preset of this project (resmlp_s12, mixer_b16, ...; `resmlp models` lists them), also
+                        by DeiT's and timm's names of the same architecture (resmlp_12, resmlp_12_224)
     timm:NAME           any timm architecture (random weights unless a weights file is given)
     torchvision:NAME    any torchvision classifier (random weights unless a weights file is given)
-    path/to/checkpoint  a checkpoint file: ours (.safetensors with its config), timm's or DeiT's
+    path/to/checkpoint  a checkpoint file: ours (.safetensors with its config), timm's or DeiT's; a run folder
+                        names its best.safetensors
     preset.TAG          a preset's published weights as timm names them (resmlp_s12.fb_in1k): their file,
                         from the Hugging Face cache (resmlp.models.weight_tags)
+    hf-hub:ORG/NAME     a Hub repository's weight file in the local Hugging Face cache, as timm names it
+                        (hf-hub:timm/resmlp_12_224.fb_in1k; read offline, resmlp.models.weight_tags.hub_model_file)
 
 `build_model(spec, ...)` makes the model; `model_input(spec, ...)` says what input it takes without building
 it where it can. Fine-tuning helpers live here too: a checkpoint start at a new resolution, freezing.
@@ -42,7 +46,11 @@ def parse_model_name(spec: str) -> ModelName:
     """`preset | timm:NAME | torchvision:NAME | path` -> ModelName; a clear error for anything else."""
     from resmlp.models.registry import PRESETS
 
-    spec = str(spec).strip()
+    spec = canonical_name(str(spec).strip())
+    from resmlp.models.weight_tags import hub_model_file
+
+    if (hub_file := hub_model_file(spec)) is not None:
+        return ModelName("file", str(hub_file))
     prefix, sep, rest = spec.partition(":")
     if sep and prefix in ("timm", "torchvision"):
         if not rest:
@@ -52,6 +60,11 @@ def parse_model_name(spec: str) -> ModelName:
         return ModelName("preset", spec)
     if spec.endswith(CHECKPOINT_SUFFIXES) or Path(spec).is_file():
         return ModelName("file", spec)
+    if spec and Path(spec).is_dir():  # a run folder, as eval, predict and export take it: its best checkpoint
+        if not (Path(spec) / "best.safetensors").is_file():
+            raise ValueError(f"model {spec!r} is a folder without best.safetensors; name a checkpoint file or a "
+                             "finished run folder")
+        return ModelName("file", str(Path(spec) / "best.safetensors"))
     from resmlp.models.weight_tags import tagged_weights
 
     weights = tagged_weights(spec)  # PRESET.TAG, timm's name of published weights: their local file
@@ -65,6 +78,15 @@ def parse_model_name(spec: str) -> ModelName:
         hint = f" {spec} is a timm architecture: write timm:{spec}"
     raise ValueError(f"unknown model {spec!r}: expected a preset (`resmlp models`), timm:NAME, torchvision:NAME or "
                      f"a checkpoint file (.safetensors, .pth).{hint}")
+
+
+def canonical_name(spec: str) -> str:
+    """DeiT's or timm's name of a preset's architecture (resmlp_12, resmlp_12_224; with a weight tag,
+    resmlp_12_224.fb_in1k) as the preset's name; any other spec unchanged."""
+    from resmlp.models.registry import PRESET_ALIASES
+
+    name, dot, tag = spec.partition(".")
+    return PRESET_ALIASES[name] + dot + tag if name in PRESET_ALIASES else spec
 
 
 # the model keys a recipe written for another architecture still means for each kind of model: the data's

@@ -46,14 +46,15 @@ class WeightsUnavailableError(RuntimeError):
 torch_load = read_torch_file
 
 
-def read_checkpoint(path: str | Path, allow_nonfinite: bool = False
+def read_checkpoint(path: str | Path, allow_nonfinite: bool = False, checkpoint_key: str | None = None
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Tensors of a checkpoint file (.safetensors, or a torch zip read weights-only) and its metadata.
 
     Refuses (CheckpointError) malformed files, tensors and metadata and NaN/infinite values, naming the
     first bad tensor; `allow_nonfinite=True` only warns about them (see resmlp.checkpoint_reader).
+    checkpoint_key: the entry of a training checkpoint to read (e.g. timm's 'state_dict_ema').
     """
-    return read_state_dict(path, allow_nonfinite)
+    return read_state_dict(path, allow_nonfinite, checkpoint_key)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -144,13 +145,14 @@ def load_state_into(model: ResMLP, state_dict: dict[str, torch.Tensor], source: 
     refitted to the model, which the message describes (a refitted grid would report a size the file is not)."""
     if reset_head:
         state_dict = {k: v for k, v in state_dict.items() if not k.startswith("head.")}
-    _check_fits(model, state_dict, source, ignore_head=reset_head, as_read=as_read)
+    check_fits(model, state_dict, source, ignore_head=reset_head, as_read=as_read)
     model.load_state_dict(state_dict, strict=not reset_head)
     return model
 
 
-def _check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], path: str | Path,
-                ignore_head: bool, as_read: dict[str, torch.Tensor] | None = None) -> None:
+def check_fits(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], path: str | Path,
+               ignore_head: bool = False, as_read: dict[str, torch.Tensor] | None = None) -> None:
+    """A CheckpointError saying what differs where `state_dict` (read from `path`) does not fit `model`."""
     expected = {k: v for k, v in model.state_dict().items() if not (ignore_head and k.startswith("head."))}
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
@@ -224,13 +226,13 @@ def load_with_metadata(path: str | Path, allow_nonfinite: bool = False,
     return model, header.get("extra", {})
 
 
-def load_with_header(path: str | Path, allow_nonfinite: bool = False,
+def load_with_header(path: str | Path, allow_nonfinite: bool = False, checkpoint_key: str | None = None,
                      **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model and everything the file says about itself: read_checkpoint's metadata ('config', 'timm',
     'torchvision', 'extra'; 'torch' for torch files) and 'layout', the key layout of its weights (one of
     resmlp.models.formats.FORMATS, None for timm/torchvision models): what the evaluation preprocessing of a
     file without preprocessing metadata is chosen by (resmlp.preprocess.preprocess_of_file)."""
-    tensors, meta = read_checkpoint(path, allow_nonfinite)
+    tensors, meta = read_checkpoint(path, allow_nonfinite, checkpoint_key)
     try:
         layout = None if "timm" in meta or "torchvision" in meta else detect_format(tensors)
     except CheckpointError:
@@ -263,7 +265,7 @@ def _build_from_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta
     _check_config_bounds(config, state_dict, path)
     with torch.device("meta"):
         skeleton = ResMLP(config)
-    _check_fits(skeleton, state_dict, path, ignore_head=False)
+    check_fits(skeleton, state_dict, path, ignore_head=False)
     model = ResMLP(config)
     model.load_state_dict(state_dict)
     model.pretrained_cfg = describe_checkpoint(model, meta.get("extra", {}))
@@ -323,7 +325,7 @@ def _load_timm_model(path: str | Path, tensors: dict[str, torch.Tensor], spec: d
             skeleton = timm.create_model(name, pretrained=False, **kwargs)
     except Exception as e:  # timm raises TypeError/ValueError/AssertionError... for arguments it can't take
         raise CheckpointError(f"{path}: timm can't build {name} with {kwargs} ({type(e).__name__}: {e})") from None
-    _check_fits(skeleton, tensors, path, ignore_head=False)
+    check_fits(skeleton, tensors, path, ignore_head=False)
     _check_class_scores(skeleton, kwargs.get("in_chans", 3), kwargs.get("img_size"), path)
     model = timm.create_model(name, pretrained=False, **kwargs)
     model.load_state_dict(tensors)
@@ -349,7 +351,7 @@ def _load_torchvision_model(path: str | Path, tensors: dict[str, torch.Tensor],
     except Exception as e:  # torchvision raises TypeError/ValueError... for arguments it can't take
         raise CheckpointError(f"{path}: torchvision can't build {spec['name']} with {spec['kwargs']} "
                               f"({type(e).__name__}: {e})") from None
-    _check_fits(skeleton, tensors, path, ignore_head=False)
+    check_fits(skeleton, tensors, path, ignore_head=False)
     _check_class_scores(skeleton, spec["in_chans"] or 3, spec["kwargs"].get("image_size"), path)
     model = build_torchvision(spec["name"], spec["in_chans"], **spec["kwargs"])
     model.load_state_dict(tensors)

@@ -113,9 +113,9 @@ def eval_batches_or_loader(dataset, batched: BatchAugment | None, batch_size: in
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint file, a run folder (its best.safetensors), or published weights named as timm names them
     (resmlp_s12.fb_in1k: their file in the cache, resmlp.models.weight_tags)."""
-    from resmlp.models.weight_tags import tagged_weights
+    from resmlp.models.weight_tags import hub_model_file, tagged_weights
 
-    weights = None if Path(path).exists() else tagged_weights(str(path))
+    weights = None if Path(path).exists() else (hub_model_file(str(path)) or tagged_weights(str(path)))
     if weights is not None:
         return weights
     path = Path(path)
@@ -138,7 +138,8 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
              announce: Callable[[dict[str, Any]], None] | None = None,
              crop_pct: float | None = None, real_labels: str | Path | None = None,
              valid_labels: str | Path | None = None, results: str | Path | None = None,
-             topk: int = 5) -> dict[str, Any]:
+             topk: int = 5, use_ema: bool = False, img_size: int | None = None, interpolation: str | None = None,
+             torchcompile: str | None = None) -> dict[str, Any]:
     """Accuracy of `checkpoint` (a file or a run folder) on a dataset, with the preprocessing in its metadata.
 
     data: a source (resmlp.data.sources: folder:DIR, wds:PATTERN, hf:DIR, fashion-mnist, cifar10:DIR...), a
@@ -152,7 +153,9 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
 
     timm validate.py's extras (resmlp.eval_extras): real_labels, ImageNet-ReaL's real.json (summary real_top1,
     real_top5); valid_labels, a file of the model's class indices, one per data class (ImageNet-A/R); results,
-    a per-image CSV of each image's `topk` classes and probabilities, written whether or not `output` is given.
+    a per-image CSV of each image's `topk` classes and probabilities, written whether or not `output` is given;
+    and its model options (resmlp.eval_options): use_ema (the checkpoint's weight EMA), img_size, interpolation,
+    torchcompile (a torch.compile backend).
     """
     from resmlp import reporting
     from resmlp.hostinfo import host_info
@@ -169,7 +172,12 @@ def evaluate(checkpoint: str | Path, data: str | None = None, data_dir: str | Pa
     spec = resolve_data(data, data_dir) if data is not None else None
     if spec is None and data_dir is None:
         spec, options = _run_data(checkpoint)
-    loaded = load_for_inference(checkpoint, dataset=spec.kind if spec else None, crop_pct=crop_pct)
+    from resmlp.eval_options import apply_model_options, ema_checkpoint_key
+
+    key = ema_checkpoint_key(checkpoint) if use_ema else None
+    loaded = load_for_inference(checkpoint, dataset=spec.kind if spec else None, crop_pct=crop_pct,
+                                checkpoint_key=key)
+    apply_model_options(loaded, img_size, interpolation, torchcompile)
     if spec is None:
         if loaded.dataset is None:
             raise ValueError(f"{checkpoint} does not say which dataset it was trained on; pass --data KIND or a "

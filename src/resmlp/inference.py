@@ -325,13 +325,14 @@ class LoadedModel:
                 or [f"class_{i}" for i in range(self.num_classes)])
 
 
-def load_for_inference(path: str | Path, dataset: str | None = None, crop_pct: float | None = None) -> LoadedModel:
+def load_for_inference(path: str | Path, dataset: str | None = None, crop_pct: float | None = None,
+                       checkpoint_key: str | None = None) -> LoadedModel:
     """Read a checkpoint once: model, preprocessing (resmlp.preprocess.preprocess_of_file: the file's, a training
     state's run config, or assumed by the file's kind with `preprocess.note` saying so; `crop_pct` replaces the
-    crop), class names and dataset kind."""
+    crop), class names and dataset kind. checkpoint_key: the entry of a training checkpoint to load."""
     from resmlp.checkpoint import load_with_header
 
-    model, header = load_with_header(path)
+    model, header = load_with_header(path, checkpoint_key=checkpoint_key)
     model.eval()
     metadata = dict(header.get("extra") or {})
     run_data = ((header.get("torch") or {}).get("run_config") or {}).get("data")

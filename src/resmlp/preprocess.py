@@ -126,14 +126,15 @@ class Preprocess:
         return transform
 
     def train_transform(self, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip: float = 0.5, color_jitter: float = 0.0,
-                        auto_augment: str | None = None, reprob: float = 0.0, uint8: bool = False):
+                        auto_augment: str | None = None, reprob: float = 0.0, uint8: bool = False,
+                        remode: str = "pixel", recount: int = 1):
         """timm's training transform (random-resized crop, flip, RandAugment, erasing) ending in this
         preprocessing's normalisation; uint8: ending in a uint8 tensor, normalisation and erasing left to the
-        device (timm's use_prefetcher; resmlp.data.loading.finish)."""
+        device (timm's use_prefetcher; resmlp.data.loading.finish). remode, recount: timm's re_mode, re_count."""
         transform = create_transform(
             (self.in_chans, self.img_size, self.img_size), is_training=True, scale=tuple(scale), ratio=tuple(ratio),
             hflip=hflip, color_jitter=color_jitter, auto_augment=auto_augment, interpolation=self.interpolation,
-            mean=self.mean, std=self.std, re_prob=reprob, re_mode="pixel", re_count=1, use_prefetcher=uint8)
+            mean=self.mean, std=self.std, re_prob=reprob, re_mode=remode, re_count=recount, use_prefetcher=uint8)
         return _with_zero_bit_posterize(transform)
 
     def batched_eval(self, image_height: int, image_width: int, after=None) -> BatchAugment | None:

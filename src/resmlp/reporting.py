@@ -48,6 +48,10 @@ def plot_learning_curves(path: str | Path, history: list[dict[str, Any]]) -> Pat
     ax_acc.plot(epochs, [r["val_top1"] for r in history], "o-", label="val top-1")
     ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="top-1 accuracy")
     ax_acc.legend()
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (ax_loss, ax_acc):  # epochs are whole: no 1.5 or 2.25 ticks on a 3-epoch run
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)

@@ -553,7 +553,8 @@ def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
 
 def plot_tradeoff(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Throughput (log scale) vs top-1 of the rows that have an accuracy, like the paper's trade-off plots."""
+    """Throughput (log scale) vs top-1 of the rows that have an accuracy, like the paper's trade-off plots;
+    without any accuracy, the throughput of each model alone (throughput_figure)."""
     import io
 
     from matplotlib import pyplot as plt
@@ -574,8 +575,8 @@ def tradeoff_figure(rows: list[dict[str, Any]]):
     from matplotlib.ticker import LogFormatter
 
     points = [r for r in rows if r["top1"] is not None]
-    if not points:
-        raise ValueError("the throughput-vs-accuracy plot needs accuracies: pass --accuracy MODEL=TOP1,...")
+    if not points:  # no accuracy known: throughput alone
+        return throughput_figure(rows)
     fig, ax = plt.subplots(figsize=(6.5, 4.5), layout="constrained")
     ordered = sorted(points, key=lambda r: r["throughput_img_s"])
     for i, r in enumerate(ordered):
@@ -603,4 +604,25 @@ def tradeoff_figure(rows: list[dict[str, Any]]):
     ax.set_ylabel("Top-1 accuracy (%)")
     ax.grid(alpha=0.3, which="both")
     ax.set_title("Accuracy vs throughput on this machine", fontsize=10)
+    return fig
+
+
+def throughput_figure(rows: list[dict[str, Any]]):
+    """Each model's throughput as a horizontal bar (log scale), fastest on top: the plot of a benchmark run
+    without accuracies (no --accuracy, no --val-data)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    ordered = sorted(rows, key=lambda r: r["throughput_img_s"])
+    fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.35 * len(ordered)), layout="constrained")
+    names = [r["model"] for r in ordered]
+    ax.barh(range(len(ordered)), [r["throughput_img_s"] for r in ordered], color="tab:blue")
+    ax.set_yticks(range(len(ordered)), names, fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"Throughput (images/s, batch {ordered[0]['batch_size']}, {ordered[0]['device']})")
+    ax.grid(alpha=0.3, which="both", axis="x")
+    ax.set_title("Throughput on this machine (no accuracies given: --accuracy or --val-data add them)",
+                 fontsize=10)
     return fig

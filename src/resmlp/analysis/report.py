@@ -29,6 +29,10 @@ class Report:
     figures: dict[str, str] = field(default_factory=dict)
     numbers: list[str] = field(default_factory=list)
     not_applicable: list[str] = field(default_factory=list)
+    # the sparsity comparison of this checkpoint and of a random init of its config (the baseline), as sentences
+    sparsity_sentence: str = ""
+    baseline_sentence: str = ""
+    baseline: list[dict[str, float | int]] = field(default_factory=list)
 
     @property
     def index(self) -> Path:
@@ -135,12 +139,17 @@ def _write_report(model: ResMLP, out_dir: str | Path, layers: list[int] | None, 
 
     step("sparsity")
     rows = sparsity.layer_sparsity(model, threshold)
+    report.baseline = sparsity.random_init_sparsity(model, threshold)
+    report.sparsity_sentence = _sparsity_sentence(rows)
+    report.baseline_sentence = _sparsity_sentence(report.baseline, "A randomly initialised model of this config "
+                                                                   "(the baseline)", "has")
     _save_figure(
         report,
         "sparsity.png",
         sparsity.plot_sparsity(rows, threshold),
         f"Paper Fig. 3 / B.2. Per layer, the fraction of weights whose magnitude is below {threshold:g} "
-        f"times the matrix's largest magnitude. {_sparsity_sentence(rows)}Numbers: sparsity.json, sparsity.csv.",
+        f"times the matrix's largest magnitude. {report.sparsity_sentence}{report.baseline_sentence}"
+        "Numbers: sparsity.json, sparsity.csv.",
     )
     if cfg.cross_patch not in ("linear", "mlp"):
         report.not_applicable.append(
@@ -165,11 +174,14 @@ def _locality_sentence(matrices: dict[int, np.ndarray], grid: int) -> str:
             "models.")
 
 
-def _sparsity_sentence(rows: list[dict[str, float | int]]) -> str:
+def _sparsity_sentence(rows: list[dict[str, float | int]], subject: str = "", verb: str = "") -> str:
+    """The A-versus-channel-MLP comparison of `rows`; with `subject`, the same numbers as a baseline's."""
     if "cross_patch" not in rows[0]:
         return ""
     cross = float(np.mean([r["cross_patch"] for r in rows]))
     channel = float(np.mean([(r["channel_fc1"] + r["channel_fc2"]) / 2 for r in rows]))
+    if subject:
+        return f"{subject} {verb} {cross:.0%} small weights in A and {channel:.0%} in the channel MLP. "
     than = "sparser than" if cross > channel else "no sparser than"
     return (f"Here A is {than} the channel MLP: {cross:.0%} of its weights are small against {channel:.0%}, "
             "averaged over layers (the paper reports A sparser for its ImageNet models). ")
@@ -199,6 +211,7 @@ def _write_numbers(
         "columns": {k: v for k, v in sparsity.SERIES.items() if k in rows[0]},
         "config": model.config.to_dict(),
         "layers": rows,
+        "random_init_layers": report.baseline,  # the same numbers for a seeded random init of the config
     }
     atomic_write(out / "sparsity.json", lambda tmp: tmp.write_text(json.dumps(payload, indent=2)))
 

@@ -55,6 +55,16 @@ def layer_sparsity(model: ResMLP, threshold: float = 0.05) -> list[dict[str, flo
     return rows
 
 
+def random_init_sparsity(model: ResMLP, threshold: float = 0.05, seed: int = 0) -> list[dict[str, float | int]]:
+    """`layer_sparsity` of a freshly initialised model of `model`'s config (seeded; the caller's RNG untouched):
+    the baseline a trained model's sparsity is read against (a uniform init already has ~threshold of its
+    entries below threshold * max)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = ResMLP(model.config)
+    return layer_sparsity(fresh, threshold)
+
+
 def plot_sparsity(rows: list[dict[str, float | int]], threshold: float) -> Figure:
     """Fig. 3 as a line plot over depth, one line per matrix kind."""
     layers = [r["layer"] for r in rows]

@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {report.out_dir / name}")
     for note in report.not_applicable:
         print(f"skipped: {note}")
+    if getattr(report, "sparsity_sentence", ""):  # the comparison, beside its random-init baseline
+        print(f"sparsity: {report.sparsity_sentence}{report.baseline_sentence}".rstrip())
     print(f"numbers: {', '.join(str(report.out_dir / n) for n in report.numbers)}")
     print(f"open {report.index}")
     return 0

@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pretrained", action="store_true",
                    help="CHECKPOINT names a preset: start from its published weights (resmlp_s12: fb_in1k)")
     # the model is CHECKPOINT's: no --model or --input-size (--img-size changes the resolution)
-    add_training_arguments(p, "fashion-mnist-quick", without=("--model", "--input-size"))
+    add_training_arguments(p, "fashion-mnist-quick", without=("--model", "--input-size", "--img-size",
+                                                                "--layer-decay"))
     p.add_argument("--img-size", type=int, help="new input resolution (cross-patch weights resized)")
     p.add_argument("--freeze", type=_freeze, metavar="N_BLOCKS|all-but-head",
                    help="freeze the stem and the first N blocks, or everything but the head")

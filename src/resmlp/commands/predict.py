@@ -122,6 +122,9 @@ def _common_folder(files: list[str]) -> str | None:
     return base if base not in ("", os.sep) else None
 
 
+NO_TERMINAL_WIDTH = 100_000  # columns of the table written to a file or a pipe: wider than any row
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -133,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
     results, errors, pre = classify(args)
     if args.output is not None:  # before printing anything: a failed write leaves no table behind its error
         write_output(args.output, results, errors)
-    console = pipe_console(soft_wrap=True)  # messages stay one line each, whatever the terminal width
+    # messages stay one line each, whatever the terminal width; redirected (no terminal), the table is as wide as
+    # its longest row, not rich's 80 columns: a name is never wrapped onto a second line of a file or a pipe
+    console = pipe_console(soft_wrap=True, **({} if sys.stdout.isatty() else {"width": NO_TERMINAL_WIDTH}))
     if pre.note:  # what was assumed (a file without metadata) or overridden (--crop-pct), in one line
         console.print(f"[yellow]{pre.note}[/yellow]", highlight=False)
     base = _common_folder([r["file"] for r in results])

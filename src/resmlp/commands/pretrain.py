@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description="DINO pre-training; writes OUTPUT/summary.json with knn_top1 and the "
                                        "teacher backbone as OUTPUT/best.safetensors.")
     # DINO's teacher is its own EMA of the student: the trainer's weight EMA (--model-ema) is refused
-    add_training_arguments(d, "dino-fashion-mnist", recipe_prefix="dino", without=("--model-ema",))
+    add_training_arguments(d, "dino-fashion-mnist", recipe_prefix="dino", without=("--model-ema", "--no-model-ema",
+                                                                                     "--model-ema-decay"))
     d.set_defaults(run=run_dino)
 
 

@@ -16,6 +16,7 @@ from resmlp.commands.common import (
     add_training_arguments,
     amp_value,
     batch_size,
+    deit_command_line,
     exit_status,
     print_dry_run,
     recipe_for,
@@ -30,19 +31,25 @@ DATA_KINDS = ("fashion-mnist", "folder", "wds", "hf", "cifar10", "cifar100", "sy
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model from a recipe (Fashion-MNIST quickstart by default)",
                        description="Train from a recipe; the options below and --set section.key=value override it.")
+    p.add_argument("data_positional", nargs="?", metavar="DATA_DIR",
+                   help="dataset folder, as timm's train.py takes it (= data.dir; without --recipe: recipe deit)")
     add_training_arguments(p, "fashion-mnist-quick")
     kd = p.add_argument_group("distillation (the paper's section 4.2; = the distill section)")
     kd.add_argument("--distill", "--teacher-model", dest="distill", metavar="TEACHER",
                     help="distil from TEACHER: a checkpoint file, timm:NAME or torchvision:NAME (= distill.teacher)")
-    kd.add_argument("--teacher-weights", help="weights file of a timm:/torchvision: teacher (= distill.weights)")
+    kd.add_argument("--teacher-weights", "--teacher-path", dest="teacher_weights",
+                    help="weights file of a timm:/torchvision: teacher (= distill.weights)")
     kd.add_argument("--allow-random-teacher", action="store_true", default=None,
                     help="distil from a timm:/torchvision: teacher without weights (= distill.allow_random_teacher)")
     kd.add_argument("--teacher-classes-match", action="store_true", default=None,
                     help="the teacher's logit i is the data's class i: admits a teacher whose file records no class "
                          "names (= distill.classes_match)")
-    kd.add_argument("--distill-type", choices=("hard", "soft"), help="= distill.type (default hard)")
-    kd.add_argument("--distill-alpha", type=float, help="soft distillation: weight of the KL term (= distill.alpha)")
-    kd.add_argument("--distill-tau", type=float, help="soft distillation: temperature (= distill.tau)")
+    kd.add_argument("--distill-type", "--distillation-type", dest="distill_type",
+                    choices=("hard", "soft"), help="= distill.type (default hard)")
+    kd.add_argument("--distill-alpha", "--distillation-alpha", dest="distill_alpha", type=float,
+                    help="soft distillation: weight of the KL term (= distill.alpha)")
+    kd.add_argument("--distill-tau", "--distillation-tau", dest="distill_tau", type=float,
+                    help="soft distillation: temperature (= distill.tau)")
     kd.add_argument("--distill-cache", action="store_true", default=None,
                     help="run the teacher once per distinct image (fixed augmentation only; on a GPU each step "
                          "waits for the host to hash the batch; = distill.cache)")
@@ -66,8 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="precision: auto = bf16 where native, else fp16 on a GPU, fp32 on a CPU (default auto)")
     add_output_argument(e, help="folder for summary.json and confusion_matrix.png")
     add_progress_argument(e)
-    e.add_argument("--batch-size", type=batch_size, default=256, metavar="N",
-                       help="images per batch (default 256)")
+    e.add_argument("--batch-size", "-b", type=batch_size, default=256, metavar="N",
+                   help="images per batch (default 256)")
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add_crop_argument(e)
     add_threads_argument(e)
@@ -82,6 +89,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="write each image's file, label and top-k classes with probabilities to CSV")
     extras.add_argument("--topk", type=int, default=5, metavar="K",
                         help="classes per image in --results (default 5)")
+    extras.add_argument("--use-ema", action="store_true",
+                        help="the checkpoint's weight EMA: timm's state_dict_ema, DeiT's model_ema, a run's last.pth "
+                             "ema; a run folder / .safetensors of a run that kept one (--model-ema) is its EMA")
+    extras.add_argument("--img-size", type=int, metavar="N",
+                        help="evaluate at N px: the model moved to that size (ResMLP's grid weights resized)")
+    extras.add_argument("--interpolation", metavar="MODE",
+                        help="the evaluation resize's filter (bicubic, bilinear, nearest...) instead of the file's")
+    extras.add_argument("--torchcompile", nargs="?", const="inductor", metavar="BACKEND",
+                        help="torch.compile the model (backend: inductor unless named)")
     e.set_defaults(run=run_eval)
 
 
@@ -100,11 +116,14 @@ def run_train(args: argparse.Namespace) -> int:
 
         name = overrides.get("model.name") or load_config(recipe_for(args), overrides, False).model["name"]
         overrides["model.name"] = pretrained_name(str(name))
+    recipe = recipe_for(args)
+    if deit_command_line(args) and not args.resume:
+        print(f"note: no --recipe, and the data named as DeiT's main.py or timm's train.py name it: recipe {recipe} "
+              "(the authors' ImageNet recipe; pass --recipe to choose another)", file=sys.stderr, flush=True)
     if args.dry_run:
         from resmlp.train.config import load_config
 
-        return print_dry_run(args, lambda more: load_config(recipe_for(args), {**overrides, **more}, False))
-    recipe = recipe_for(args)
+        return print_dry_run(args, lambda more: load_config(recipe, {**overrides, **more}, False))
     if recipe == args.default_recipe and args.recipe is None:
         from resmlp.train.config import default_recipe_notice
 
@@ -171,7 +190,8 @@ def run_eval(args: argparse.Namespace) -> int:
                            output=args.output, batch_size=args.batch_size, device=args.device, amp=args.amp,
                            progress=args.progress, announce=_print_scores, crop_pct=args.crop_pct,
                            real_labels=args.real_labels, valid_labels=args.valid_labels, results=args.results,
-                           topk=args.topk)
+                           topk=args.topk, use_ema=args.use_ema, img_size=args.img_size,
+                           interpolation=args.interpolation, torchcompile=args.torchcompile)
     if args.output:
         if summary.get("confusion_matrix"):
             print(f"confusion matrix: {summary['confusion_matrix']}")

@@ -70,7 +70,7 @@ def resolve_weights_file(cfg: dict[str, Any], cache_dir: str | Path | None = Non
     URL as cached, else downloaded where the network allows (resmlp.models.weight_tags: no ~58 s of retries
     offline, and HF_HUB_OFFLINE=1 reads both caches)."""
     from resmlp.checkpoint import WeightsUnavailableError, download_published
-    from resmlp.models.weight_tags import hub_reachable, no_network_reason, torch_hub_file
+    from resmlp.models.weight_tags import hub_reachable, missing_weights, no_network_reason, torch_hub_file
 
     if cfg.get("file"):
         return Path(cfg["file"])
@@ -83,11 +83,10 @@ def resolve_weights_file(cfg: dict[str, Any], cache_dir: str | Path | None = Non
     if not (repo or url):
         raise WeightsUnavailableError(f"no weights known for {cfg.get('architecture')}")
     why = no_network_reason(url)
-    if why is not None:
-        place = f"download {url} elsewhere and place it at {torch_hub_file(url)}, or " if url else ""
-        raise WeightsUnavailableError(f"weights of {cfg.get('architecture')} are in neither the Hugging Face cache "
-                                      f"nor torch.hub's, and {why}: {place}pass checkpoint_path=... to load a local "
-                                      "copy")
+    if why is not None:  # the same line as the CLI's (weight_tags.tagged_weights), naming the tag
+        spec = ".".join(str(p) for p in (cfg.get("architecture"), cfg.get("tag")) if p)
+        raise WeightsUnavailableError(missing_weights(spec, repo, url, why, "pass checkpoint_path=... to load a "
+                                                                           "local copy"))
     if repo and hub_reachable():
         path, hub_failure = _from_hub(repo, cache_dir, local_only=False)
         if path is not None:
@@ -183,7 +182,31 @@ def build_preset(
         model.pretrained_cfg = _describing(dict(model.pretrained_cfg), inner)
         if model is not inner:
             inner.pretrained_cfg = model.pretrained_cfg
+        handle = inner.register_load_state_dict_pre_hook(_refuse_another_architecture)
+        inner._load_state_dict_pre_hooks.move_to_end(handle.id, last=False)  # before ResMLP's adapting hook
     return model
+
+
+def _refuse_another_architecture(module: ResMLP, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """load_state_dict pre-hook of a preset built here (resmlp.create_model, timm.create_model), run before
+    ResMLP's own adapting hook: weights of another architecture loaded into the whole model
+    (timm.create_model(..., checkpoint_path=...) loads them so), whose shapes differ, which torch refuses strict
+    or not, are refused as resmlp.create_model(checkpoint_path=...) refuses them (resmlp.checkpoint.check_fits:
+    the fields that differ, read off the file's own sizes), not with torch's list of every key."""
+    if prefix or not state_dict or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        return
+    adapted = adapt_state_dict(dict(state_dict), module)  # what ResMLP's hook will load
+    own = module.state_dict()
+    if not any(k in own and v.shape != own[k].shape for k, v in adapted.items()):
+        return
+    from resmlp.checkpoint import check_fits
+    from resmlp.models.formats import to_resmlp_keys
+
+    try:
+        as_read = to_resmlp_keys(dict(state_dict))  # our names, the file's sizes (before a grid is refitted)
+    except Exception:  # noqa: BLE001 (no known layout: check_fits names the keys)
+        as_read = None
+    check_fits(module, adapted, "the weights given to load_state_dict", as_read=as_read)
 
 
 def _resolve_cfg(name: str, pretrained_cfg: Any, overlay: dict[str, Any], pretrained: bool) -> dict[str, Any]:

@@ -30,6 +30,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     **MIXER_PRESETS,
 }
 
+# the same architectures as DeiT's resmlp_models.py and timm's mlp_mixer.py name them: `--model resmlp_12` (DeiT's
+# main.py) and `--model resmlp_12_224` (timm's train.py) build our preset, in the one grammar (resmlp.build);
+# timm:resmlp_12_224 stays timm's own module
+PRESET_ALIASES: dict[str, str] = {
+    "resmlp_12": "resmlp_s12", "resmlp_24": "resmlp_s24", "resmlp_36": "resmlp_s36", "resmlpB_24": "resmlp_b24",
+    "resmlp_12_224": "resmlp_s12", "resmlp_24_224": "resmlp_s24", "resmlp_36_224": "resmlp_s36",
+    "resmlp_big_24_224": "resmlp_b24",
+}
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

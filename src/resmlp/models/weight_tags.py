@@ -29,9 +29,10 @@ PROBE_SECONDS = 2.0  # a connection to the Hub that takes longer than this count
 def split_tag(spec: str) -> tuple[str, str] | None:
     """('resmlp_s12', 'fb_in1k') for 'resmlp_s12.fb_in1k'; None when `spec` is not PRESET.TAG (a file name such
     as best.safetensors included: its stem is no preset)."""
-    from resmlp.models.registry import PRESETS
+    from resmlp.models.registry import PRESET_ALIASES, PRESETS
 
     name, dot, tag = str(spec).partition(".")
+    name = PRESET_ALIASES.get(name, name)  # timm's resmlp_12_224.fb_in1k is resmlp_s12.fb_in1k
     return (name, tag) if dot and name in PRESETS and tag and "/" not in tag else None
 
 
@@ -132,17 +133,26 @@ def tagged_weights(spec: str) -> Path | None:
         return cached
     why = no_network_reason(weights.url)
     if why is not None:
-        folder = hub_cache() / f"models--{weights.hf_hub_id.replace('/', '--')}" if weights.hf_hub_id else None
-        where = f"the Hugging Face cache ({folder})" if folder else "no cache"
-        place = f", download {weights.url} elsewhere and place it at {hub_file}" if hub_file else ""
-        raise ConfigError(f"weights {spec} are not in {where} and {why}: run once with network access{place}, or "
-                          f"name a local weight file in place of {spec}")
+        raise ConfigError(missing_weights(spec, weights.hf_hub_id, weights.url, why,
+                                          f"name a local weight file in place of {spec}"))
     path = _from_hub_cache(weights.hf_hub_id, local_only=False) if weights.hf_hub_id and hub_reachable() else None
     if path is not None:
         return path
     from resmlp.checkpoint import download_published
 
     return download_published(weights.url)
+
+
+def missing_weights(spec: str, hf_hub_id: str | None, url: str | None, why: str, instead: str) -> str:
+    """The one line said where published weights `spec` (PRESET.TAG) are in neither cache and may not be
+    downloaded (`why`), the same from every entry point (the CLI, resmlp.create_model, timm.create_model): the
+    Hugging Face cache folder and torch.hub's file, where each would be read, and `instead`, the entry point's
+    own way to name a local copy."""
+    folder = hub_cache() / f"models--{hf_hub_id.replace('/', '--')}" if hf_hub_id else None
+    where = f"the Hugging Face cache ({folder})" if folder else "no cache"
+    hub_file = torch_hub_file(url) if url else None
+    place = f", download {url} elsewhere and place it at {hub_file}" if hub_file else ""
+    return f"weights {spec} are not in {where} and {why}: run once with network access{place}, or {instead}"
 
 
 def _from_hub_cache(repo_id: str, local_only: bool) -> Path | None:
@@ -169,3 +179,25 @@ def pretrained_name(model: str) -> str:
     raise ConfigError(f"--pretrained takes a preset's published weights (resmlp_s12 -> resmlp_s12.fb_in1k), not "
                       f"{model}; for a timm or torchvision model's weights save the pretrained model with "
                       "resmlp.save and start from that file (--model FILE)")
+
+
+HF_HUB_PREFIX = "hf-hub:"  # timm's spelling of a Hub repository as a model name (hf-hub:timm/resmlp_12_224.fb_in1k)
+
+
+def hub_model_file(spec: str) -> Path | None:
+    """The weight file of `hf-hub:ORG/NAME` in the local Hugging Face cache (never downloaded: the cache is read
+    as with HF_HUB_OFFLINE=1); None when `spec` is no hf-hub: name. Absent, one line names the folder and the
+    file to place there."""
+    if not spec.startswith(HF_HUB_PREFIX):
+        return None
+    repo_id = spec.removeprefix(HF_HUB_PREFIX)
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ConfigError(f"model {spec!r}: write hf-hub:ORG/NAME, e.g. hf-hub:timm/resmlp_12_224.fb_in1k")
+    found = _from_hub_cache(repo_id, local_only=True)
+    if found is not None:
+        return found
+    folder = hub_cache() / f"models--{repo_id.replace('/', '--')}"
+    raise ConfigError(f"{spec} is not in the Hugging Face cache ({folder}), which is read offline: place the "
+                      f"repository's {HUB_FILES[0]} at {folder}/snapshots/REVISION/{HUB_FILES[0]} with REVISION in "
+                      f"{folder}/refs/main (`hf download {repo_id} {HUB_FILES[0]}` does this on a machine with "
+                      "network; copy the folder), or name a local weight file")

@@ -85,6 +85,10 @@ def load_config(recipe: str | Path | dict | TrainConfig = "fashion-mnist-quick",
             raise ValueError(f"{section} is not a section; sections: model, {', '.join(SECTIONS)}")
         raw[section][key] = value
     raw.setdefault("recipe", name)
+    if isinstance(raw.get("model"), dict) and isinstance(raw["model"].get("name"), str):
+        from resmlp.build import canonical_name
+
+        raw["model"]["name"] = canonical_name(raw["model"]["name"])  # DeiT's resmlp_12 -> resmlp_s12
     _drop_keys_of_another_model(raw, sources, recipe_model, origin)
     _normalise_as_the_checkpoint(raw)
     return validate(raw, sources, check_memory)

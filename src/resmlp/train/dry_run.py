@@ -47,7 +47,7 @@ def dry_run(load: Callable[[dict[str, Any]], TrainConfig], data_dir: str | None,
     classes, classes_note = _classes(cfg)
     model, params = _meta_model(cfg, classes)
     per_process = t.batch_size // (processes * t.grad_accum)
-    lines = [yaml.safe_dump({"resolved config": cfg.to_dict()}, sort_keys=False).rstrip(),
+    lines = [yaml.safe_dump(_sections_in_use_first(cfg), sort_keys=False).rstrip(),
              f"dry run of recipe {cfg.recipe} (task {cfg.task_name}): nothing trained, no folder created",
              f"  model:            {cfg.model['name']} built on the meta device: {params / 1e6:.2f} M parameters, "
              f"{classes} classes ({classes_note})",
@@ -61,6 +61,26 @@ def dry_run(load: Callable[[dict[str, Any]], TrainConfig], data_dir: str | None,
     if resume:
         unchecked.append("the state file the run would resume and whether its settings agree (read at its start)")
     return "\n".join(lines + [f"  not checked:      {item}" for item in unchecked])
+
+
+# the sections only some tasks read; the others (model, data, optim, schedule, loss, train) every task reads
+TASK_SECTIONS = {"supervised": (), "distillation": ("distill",), "finetune": ("finetune",), "dino": ("dino",)}
+
+
+def _sections_in_use_first(cfg: TrainConfig) -> dict[str, Any]:
+    """The resolved config with the task's own section first, then the ones every task reads; the sections the
+    task does not read (their defaults) last, under their own heading."""
+    config = cfg.to_dict()
+    used = [*TASK_SECTIONS[cfg.task_name], *(["distill"] if cfg.distill.teacher else [])]
+    unused = [name for names in TASK_SECTIONS.values() for name in names if name not in used]
+    head = {k: config[k] for k in ("recipe", "task", "model")}
+    ordered = {**head, **{k: config[k] for k in dict.fromkeys(used)},
+               **{k: v for k, v in config.items() if k not in head and k not in used and k not in unused}}
+    if cfg.task_name == "dino":  # DINO's loss is its own (the dino section): loss.label_smoothing is not read
+        unused = ["loss", *unused]
+        ordered.pop("loss")
+    return {"resolved config": ordered,
+            f"not used by the {cfg.task_name} task (defaults)": {k: config[k] for k in dict.fromkeys(unused)}}
 
 
 def recipe_data_dir(recipe: str | Path | dict | TrainConfig, given: str | None) -> str | None:

@@ -54,7 +54,7 @@ class SupervisedLoss:
 def supervised_loss(cfg: TrainConfig, num_classes: int) -> SupervisedLoss:
     d, smoothing = cfg.data, cfg.loss.label_smoothing
     if d.mixup > 0 or d.cutmix > 0:
-        mixup = Mixup(mixup_alpha=d.mixup, cutmix_alpha=d.cutmix, label_smoothing=smoothing,
+        mixup = Mixup(mixup_alpha=d.mixup, cutmix_alpha=d.cutmix, prob=d.mixup_prob, label_smoothing=smoothing,
                       num_classes=num_classes)
         return SupervisedLoss(mixup, SoftTargetCrossEntropy())
     criterion = LabelSmoothingCrossEntropy(smoothing) if smoothing > 0 else nn.CrossEntropyLoss()

@@ -45,8 +45,13 @@ class DataConfig:
     color_jitter: float = 0.0
     auto_augment: str | None = None  # e.g. rand-m9-mstd0.5-inc1 (RandAugment)
     reprob: float = 0.0  # random erasing probability
+    # random erasing's fill (timm's re_mode: pixel | rand | const) and most boxes per image (re_count): DeiT's
+    # main.py defaults pixel, 1 (--remode, --recount); others run in timm's per-image transform only
+    remode: str = "pixel"
+    recount: int = 1
     mixup: float = 0.0  # Mixup alpha (0: off)
     cutmix: float = 0.0  # CutMix alpha (0: off)
+    mixup_prob: float = 1.0  # probability that a batch is mixed at all (timm's Mixup prob; DeiT's --mixup-prob 1.0)
     repeated_aug: int = 0  # repeats per image (RepeatAugSampler); 0 or 1: off
     num_workers: int = 2
     # in-memory datasets (fashion-mnist, cifar, synthetic) without auto_augment/color_jitter: crop, flip and
@@ -98,6 +103,10 @@ class ScheduleConfig:
     # false: the cosine spans all epochs, warm-up included (timm's default, DeiT's); true: it starts after the
     # warm-up and spans the rest (timm's warmup_prefix with epochs - warmup_epochs: DINO's utils.cosine_scheduler)
     warmup_prefix: bool = False
+    # update: the lr moves after every optimizer step (timm's train.py, step_on_epochs=False); epoch: once per
+    # epoch, as DeiT's main.py steps it (lr_scheduler.step(epoch) after each epoch: epoch 0 trains entirely at
+    # warmup_lr, epoch e >= 1 at timm's value for e - 1; resmlp.train.step.schedule_to)
+    step_on: str = "update"
 
 
 @dataclass

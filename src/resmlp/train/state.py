@@ -16,6 +16,7 @@ from resmlp.data.loading.loaders import StreamPosition
 from resmlp.data.loading.samplers import SAME_STEP, SPREAD, ResumableSampler
 from resmlp.errors import CheckpointError
 from resmlp.fileio import atomic_write
+from resmlp.train.step import schedule_to
 
 if TYPE_CHECKING:
     from resmlp.train.view import TrainerView
@@ -69,8 +70,12 @@ def check_resumable(path: str | Path, saved: dict[str, Any], now: dict[str, Any]
     """Refuse a resume whose config differs from the saved run's beyond RESUMABLE_CHANGES, naming every
     differing key with its old and new value."""
     old, new = _flatten(saved), _flatten(now)
+    from resmlp.train.sections import TrainConfig
+
+    defaults = _flatten(TrainConfig().to_dict())  # a key added since the run was saved, at its default, is no change
     changed = [key for key in sorted(old.keys() | new.keys())
-               if key != "recipe" and old.get(key) != new.get(key) and key not in RESUMABLE_CHANGES]
+               if key != "recipe" and old.get(key) != new.get(key) and key not in RESUMABLE_CHANGES
+               and not (key not in old and key in defaults and new.get(key) == defaults[key])]
     if changed:
         lines = [f"  {key}: was {old.get(key)!r}, now {new.get(key)!r}" for key in changed]
         raise ValueError(f"{path} was trained with different settings:\n" + "\n".join(lines) + "\nresume with the "
@@ -205,7 +210,7 @@ def restore(trainer: TrainerView, state: dict[str, Any]) -> None:
     trainer.wall_before = state["wall_seconds"]
     # the schedule is a function of the config and the step, so it is rebuilt rather than loaded: a resume
     # may extend schedule.epochs or lower optim.lr (check_resumable says which keys may change)
-    trainer.scheduler.step_update(trainer.global_step)
+    schedule_to(trainer.scheduler, trainer.cfg.schedule, trainer.global_step, trainer.epoch)
 
 
 def seed_step(seed: int, step: int, rank: int) -> None:

@@ -136,14 +136,28 @@ def optimizer_options(name: str, device: torch.device) -> dict[str, object]:
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, s: ScheduleConfig, updates_per_epoch: int) -> Scheduler:
-    """timm's per-step scheduler for the schedule section. warmup_prefix: the cosine starts after the warm-up and
-    spans the remaining epochs (DINO's utils.cosine_scheduler); else it spans all epochs, warm-up included."""
+    """timm's scheduler for the schedule section, stepped per update (step_on: update) or per epoch (step_on:
+    epoch, as DeiT's main.py; see schedule_to). warmup_prefix: the cosine starts after the warm-up and spans the
+    remaining epochs (DINO's utils.cosine_scheduler); else it spans all epochs, warm-up included."""
     scheduler, _ = create_scheduler_v2(
         optimizer, sched=s.name, num_epochs=s.epochs - s.warmup_epochs if s.warmup_prefix else s.epochs,
         decay_epochs=s.decay_epochs, decay_rate=s.decay_rate, min_lr=s.min_lr, warmup_lr=s.warmup_lr,
-        warmup_epochs=s.warmup_epochs, warmup_prefix=s.warmup_prefix, step_on_epochs=False,
+        warmup_epochs=s.warmup_epochs, warmup_prefix=s.warmup_prefix, step_on_epochs=s.step_on == "epoch",
         updates_per_epoch=updates_per_epoch)
     return scheduler
+
+
+def schedule_to(scheduler: Scheduler, s: ScheduleConfig, global_step: int, epochs_done: int) -> None:
+    """Set the lr for the run's position (after `global_step` updates, `epochs_done` whole epochs): on a start,
+    a resume and after each update and epoch. step_on update: timm's step_update(global_step) (a no-op for an
+    epoch scheduler). step_on epoch: DeiT's main.py calls lr_scheduler.step(epoch) after training epoch `epoch`
+    (0-based), so epoch 0 trains at the scheduler's initial value (warmup_lr) and epoch e >= 1 at its value for
+    e - 1; a rebuilt scheduler (a resume) is put where that left it."""
+    if s.step_on == "epoch":
+        if epochs_done >= 1:
+            scheduler.step(epochs_done - 1)
+    else:
+        scheduler.step_update(global_step)
 
 
 def all_finite(loss: torch.Tensor, grad_norm: torch.Tensor | None) -> torch.Tensor:

@@ -65,7 +65,8 @@ def check_teacher(teacher: nn.Module, spec: str, num_classes: int, in_chans: int
 # ------------------------------------------------------------------------------------------ what its file records
 def teacher_file(spec: str, weights: str | None) -> str | None:
     """The file that holds the teacher's weights (and so its records): its checkpoint, or its weights file."""
-    return spec if parse_model_name(spec).kind == "file" else weights
+    name = parse_model_name(spec)
+    return name.name if name.kind == "file" else weights  # a run folder: its best.safetensors
 
 
 def file_metadata(path: str | Path) -> dict[str, Any]:

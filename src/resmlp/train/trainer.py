@@ -46,6 +46,7 @@ from resmlp.train.step import (
     all_finite,
     lr_scheduler,
     optimizer_options,
+    schedule_to,
     total_grad_norm,
 )
 from resmlp.train.tasks import Task
@@ -270,7 +271,7 @@ class Trainer:
         self.guard.after_step(before, ok)
         self.optimizer.zero_grad(set_to_none=True)
         self.totals.add(step_loss / self.cfg.train.grad_accum, ok, self.global_step)  # the step's mean loss
-        self.scheduler.step_update(self.global_step + 1)
+        self.scheduler.step_update(self.global_step + 1)  # per update; a no-op for step_on: epoch (timm)
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step + 1)
         self.task.after_optimizer_step(self)
@@ -304,6 +305,7 @@ class Trainer:
             self.best_top1, self.best_epoch = score, self.epoch + 1
         self.epoch += 1
         self.step_in_epoch = 0
+        schedule_to(self.scheduler, self.cfg.schedule, self.global_step, self.epoch)  # DeiT: step(epoch) per epoch
         self.epoch_totals = torch.zeros(3, dtype=torch.float64)
         # the state right after the checkpoints it vouches for; the slow side outputs after it (a resume redraws them)
         if self.info.is_main:

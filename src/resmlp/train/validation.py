@@ -32,7 +32,8 @@ from resmlp.train.value_checks import check_augmentation, check_keys_are_strings
 RANGES: dict[str, tuple[float, float]] = {
     "data.val_size": (0, 10_000_000), "data.color_jitter": (0, 10), "train.seed": (0, 2**32 - 1),
     "data.val_seed": (0, 2**32 - 1), "data.permute_seed": (0, 2**32 - 1), "data.synthetic_classes": (1, 100_000),
-    "data.num_workers": (0, 256), "data.mixup": (0, 100), "data.cutmix": (0, 100), "optim.weight_decay": (0, 100),
+    "data.num_workers": (0, 256), "data.mixup": (0, 100), "data.cutmix": (0, 100),
+    "data.mixup_prob": (0, 1), "data.recount": (1, 64), "optim.weight_decay": (0, 100),
     "schedule.warmup_epochs": (0, 100_000), "schedule.decay_epochs": (0, 100_000),
     "train.checkpoint_hist": (0, 100_000),
     "optim.lr": (0, 100), "optim.reference_batch": (1, 1 << 24), "optim.momentum": (0, 1), "optim.eps": (0, 1),
@@ -268,7 +269,9 @@ def _check_values(cfg: TrainConfig) -> list[str]:
     need(s.epochs >= 1, f"schedule.epochs must be >= 1, got {s.epochs}")
     need(0 <= s.warmup_epochs < s.epochs,
          f"schedule.warmup_epochs is {s.warmup_epochs}, which must be in [0, schedule.epochs = {s.epochs}); "
-         f"set a shorter warm-up with --warmup-epochs N (= --set schedule.warmup_epochs=N)")
+         f"set a shorter warm-up with --warmup-epochs N (= --set schedule.warmup_epochs=N)"
+         + value_checks.dino_warmup_hint(cfg))
+    need(s.step_on in ("update", "epoch"), f"schedule.step_on: {s.step_on!r} is not one of update, epoch")
     need(s.decay_epochs > 0, f"schedule.decay_epochs must be > 0, got {s.decay_epochs}")
     need(0 <= cfg.loss.label_smoothing < 1, f"loss.label_smoothing must be in [0, 1), got {cfg.loss.label_smoothing}")
     need(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")

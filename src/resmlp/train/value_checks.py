@@ -93,6 +93,12 @@ def check_augmentation(d: Any) -> list[str]:
     training op the data section asks for."""
     if d.auto_augment is not None and (errors := check_auto_augment(d.auto_augment)):
         return errors
+    if d.remode not in ("pixel", "rand", "const"):
+        return [f"data.remode: {d.remode!r} is not one of pixel, rand, const (timm's random erasing modes)"]
+    if (d.remode, d.recount) != ("pixel", 1) and (d.pipeline, d.batch_augment) != ("timm", False):
+        return [f"data.remode={d.remode} / data.recount={d.recount} run in timm's per-image transform only (the "
+                "batched and device paths erase one box of pixel noise, DeiT's default); set data.pipeline=timm and "
+                "data.batch_augment=false"]
     hint = "; set data.pipeline=timm (timm's per-image transform)"
     if d.pipeline not in ("device", "timm"):
         return [f"data.pipeline: {d.pipeline!r} is not one of device, timm"]
@@ -158,3 +164,14 @@ def _source_errors(d: Any) -> list[str]:
     if d.kind in NEEDS_ARGUMENT:
         return [f"data.dir: the {d.kind} dataset needs a folder (--data-dir DIR, or --data {d.kind}:DIR)"]
     return []
+
+
+def dino_warmup_hint(cfg: Any) -> str:
+    """Said with a too-long schedule.warmup_epochs of a DINO run whose teacher-temperature warm-up also outlasts
+    it (a smoke run, --epochs 1, of a DINO recipe): the second flag, so one message names both."""
+    warm = cfg.dino.warmup_teacher_temp_epochs
+    if cfg.task_name != "dino" or warm < cfg.schedule.epochs:
+        return ""
+    return (f"; the teacher-temperature warm-up (dino.warmup_teacher_temp_epochs={warm}) also outlasts the run: "
+            "for a smoke run add --set dino.warmup_teacher_temp_epochs=0 too (e.g. --epochs 1 --warmup-epochs 0 "
+            "--set dino.warmup_teacher_temp_epochs=0)")

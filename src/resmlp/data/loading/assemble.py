@@ -106,7 +106,8 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
     # acts on normalised pixels and a task's own transform (DINO's views) on its own terms: those stay float
     uint8 = train_transform is None and d.permute == "none"
     train_tf = (train_transform(pre) if train_transform else
-                pre.train_transform(d.scale, d.ratio, d.hflip, d.color_jitter, d.auto_augment, d.reprob, uint8))
+                pre.train_transform(d.scale, d.ratio, d.hflip, d.color_jitter, d.auto_augment, d.reprob, uint8,
+                                         d.remode, d.recount))
     eval_tf = permuted(pre.eval_transform())
     train, val = decoded(splits.train, in_chans, permuted(train_tf)), decoded(splits.val, in_chans, eval_tf)
     test = val if splits.test is splits.val else (
@@ -134,7 +135,8 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
         val_batched = pre.batched_eval(*val.images.shape[1:3], after=permutation)
         test_batched = (pre.batched_eval(*test.images.shape[1:3], after=permutation)
                         if isinstance(test, ArrayDataset) else None)
-    finish = DeviceFinish(pre.mean, pre.std, d.reprob) if uint8 and augment is None and pipeline is None else None
+    finish = (DeviceFinish(pre.mean, pre.std, d.reprob, d.remode, d.recount)
+              if uint8 and augment is None and pipeline is None else None)
     return RunData(train, val, test, train_eval, list(splits.train.class_names), pre, splits.validation, augment,
                    val_batched, test_batched, pipeline, "device" if pipeline or isinstance(
                        augment, (DeviceAugment, MultiCropAugment)) else "batched" if augment is not None else "timm",

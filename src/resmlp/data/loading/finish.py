@@ -22,17 +22,19 @@ from timm.data.random_erasing import RandomErasing
 
 class DeviceFinish:
     """uint8 (B, C, H, W) batches -> normalised float32, erased with probability `reprob` per image (timm's
-    RandomErasing, mode 'pixel', one box: the same settings as the per-image transform's)."""
+    RandomErasing with the per-image transform's settings: mode `remode`, at most `recount` boxes)."""
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], reprob: float) -> None:
+    def __init__(self, mean: Sequence[float], std: Sequence[float], reprob: float, remode: str = "pixel",
+                 recount: int = 1) -> None:
         self.mean, self.std, self.reprob = tuple(mean), tuple(std), reprob
+        self.remode, self.recount = remode, recount
         self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         mean, std = self._on(images.device)
         finished = images.float().sub_(mean).div_(std)
         if self.reprob > 0:
-            RandomErasing(self.reprob, mode="pixel", max_count=1, device=images.device)(finished)
+            RandomErasing(self.reprob, mode=self.remode, max_count=self.recount, device=images.device)(finished)
         return finished
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
