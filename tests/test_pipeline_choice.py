@@ -253,3 +253,20 @@ def test_an_error_of_the_users_data_is_not_a_device_failure(folder, tmp_path, ca
     code, _, err = train(folder, tmp_path / "run", capsys, **{"data.pipeline": "device"})
     assert code != 0 and "no image of a batch of 4 could be decoded" in err and "Traceback" not in err
     assert "device path failed" not in err and not (tmp_path / "run" / "summary.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ the node report
+def test_benchmark_pipeline_reports_each_path_the_raw_step_and_autos_choice(folder, tmp_path, capsys):
+    sets = [f"--set={k}={v}" for k, v in {"data.kind": "folder", "data.num_workers": 0, "model.img_size": 16,
+                                          "model.patch_size": 8, "model.dim": 16, "model.depth": 1}.items()]
+    code = main(["benchmark", "--pipeline", "--recipe", "deit", "--data-dir", str(folder), "--batch-size", "4",
+                 "--device", "cpu", "--batches", "3", "--output", str(tmp_path / "report.json"), *sets])
+    out = capsys.readouterr().out
+    assert code == 0 and "data.pipeline auto would choose:" in out and "raw training step" in out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert set(report["paths"]) == {"device", "timm"} and report["raw_step_images_per_s"] > 0
+    for row in report["paths"].values():
+        assert row["images_per_s"] > 0 and row["ops_per_batch"] > 0 and row["host_ms_per_batch"] >= 0
+    assert report["paths"]["device"]["ops_per_batch"] > report["paths"]["timm"]["ops_per_batch"]  # it augments
+    faster = max(report["paths"], key=lambda n: (report["paths"][n]["images_per_s"], n == "timm"))
+    assert report["auto_would_choose"]["name"] == faster

@@ -85,7 +85,7 @@ class TrainBatches:
             choice = PipelineChoice(requested, f"data.pipeline={requested}")
         elif info.is_main:
             counts = self._device_counts()
-            choice = decide(measure({name: lambda name=name: self._open(name, 0, 0) for name in names},
+            choice = decide(measure({name: lambda name=name: self.open_path(name, 0, 0) for name in names},
                                     self.device), self.device)
             self._reset_counts(counts)
             print(probe_line(choice), flush=True)
@@ -116,9 +116,10 @@ class TrainBatches:
         name = (self.choice or PipelineChoice(next(iter(self.paths)), "")).name
         if name == "device" and "timm" in self.paths:
             return self._falling_back(epoch, skip)
-        return self._open(name, epoch, skip)
+        return self.open_path(name, epoch, skip)
 
-    def _open(self, name: str, epoch: int, skip: int) -> Iterator[Batch]:
+    def open_path(self, name: str, epoch: int, skip: int) -> Iterator[Batch]:
+        """The batches of the path `name` from `skip` samples into `epoch` (no fallback: the probe, benchmarks)."""
         self.sampler.set_position(epoch, skip)
         prefetched = DevicePrefetcher(self.paths[name](), self.device, self.channels_last)
         return prefetched if name != "timm" or self.finish is None else _finished(prefetched, self.finish)
@@ -127,7 +128,7 @@ class TrainBatches:
         """The device path's batches; after a device failure, timm's from the first batch not handed out."""
         handed = 0
         try:
-            for batch in self._open("device", epoch, skip):
+            for batch in self.open_path("device", epoch, skip):
                 yield batch
                 handed += 1
         except DEVICE_FAILURES as e:
@@ -141,7 +142,7 @@ class TrainBatches:
             print(f"data.pipeline: the device path failed at epoch {epoch + 1}, sample {position} of this "
                   f"process ({error_line(e)}); training goes on on timm's path from the same position",
                   file=sys.stderr, flush=True)
-            yield from self._open("timm", epoch, position)
+            yield from self.open_path("timm", epoch, position)
 
     def _openers(self, data: Any, batch_size: int, workers: int) -> dict[str, Callable[[], Iterable[Batch]]]:
         """Each path's batches, as a function of nothing (the sampler's position is already set): the primary

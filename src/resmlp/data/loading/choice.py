@@ -82,9 +82,8 @@ def images_per_second(batches: Iterable[tuple[Any, torch.Tensor, int]], device: 
     path whose first batch alone took the time is timed by that batch, start-up included."""
     seconds = probe_seconds(device) if seconds is None else seconds
     start = time.perf_counter()
-    first, images, handed = None, 0, 0
-    for _, targets, _ in batches:
-        handed += 1
+    first, images = None, 0
+    for handed, (_, targets, _) in enumerate(batches, start=1):
         now = time.perf_counter()
         if first is None:
             _sync(device)
