@@ -144,7 +144,7 @@ def test_the_gpu_report_dry_runs_every_part_on_the_cpu_and_merges(tmp_path):
     script = str(root / "benchmarks" / "gpu_report.py")
     env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
     first, second = ["cuda-tests", "suite", "quickstart", "guard"], ["trainer-vs-raw", "raw-step", "inference",
-                                                                        "pipeline"]
+                                                                        "pipeline", "node"]
     for out, parts in ((tmp_path / "a", first), (tmp_path / "b", second)):
         subprocess.run([sys.executable, script, "--out", str(out), "--device", "cpu", "--tiny", "--parts", *parts],
                        check=True, env=env, capture_output=True, timeout=600)
@@ -158,6 +158,8 @@ def test_the_gpu_report_dry_runs_every_part_on_the_cpu_and_merges(tmp_path):
     assert failed == {}
     assert report["parts"]["quickstart"]["summary"]["test_top1"] is not None
     assert report["parts"]["pipeline"]["dino"]["results"]["device_path"]["ops_per_batch"] > 0  # DINO's multi-crop
+    node = report["parts"]["node"]["results"]  # resmlp benchmark --pipeline: both paths, and auto's pick
+    assert set(node["paths"]) == {"device", "timm"} and node["auto_would_choose"]["name"] in node["paths"]
     assert report["parts"]["guard"]["results"][0]["guard_copy_mib"] > report["parts"]["guard"]["results"][0][
         "parameter_mib"]  # the moments are in the guard's copy
     markdown = (tmp_path / "m" / "gpu_report.md").read_text()
