@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -270,3 +274,15 @@ def test_benchmark_pipeline_reports_each_path_the_raw_step_and_autos_choice(fold
     assert report["paths"]["device"]["ops_per_batch"] > report["paths"]["timm"]["ops_per_batch"]  # it augments
     faster = max(report["paths"], key=lambda n: (report["paths"][n]["images_per_s"], n == "timm"))
     assert report["auto_would_choose"]["name"] == faster
+
+
+def test_under_torchrun_rank_0_decides_and_every_rank_trains_on_its_choice(folder, tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    sets = [f"--set={k}={json.dumps(v)}" for k, v in {**SETS, "schedule.epochs": 1}.items()]
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "resmlp", "train", "--recipe", "deit",
+                           "--data-dir", str(folder), "--output", str(tmp_path / "ddp"), *sets],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("data.pipeline auto:") == 1  # rank 0 measured; rank 1 took its choice
+    recorded = summary(tmp_path / "ddp")
+    assert recorded["name"] in ("device", "timm") and set(recorded["figures"]) == {"device", "timm"}
