@@ -286,3 +286,12 @@ def test_under_torchrun_rank_0_decides_and_every_rank_trains_on_its_choice(folde
     assert done.stdout.count("data.pipeline auto:") == 1  # rank 0 measured; rank 1 took its choice
     recorded = summary(tmp_path / "ddp")
     assert recorded["name"] in ("device", "timm") and set(recorded["figures"]) == {"device", "timm"}
+
+
+@pytest.mark.parametrize("recipe", ["deit", "dino-imagenet"])
+def test_a_dry_run_says_the_path_is_measured_at_the_start(tmp_path, capsys, monkeypatch, recipe):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    command = ["pretrain", "dino"] if recipe == "dino-imagenet" else ["train"]
+    assert main([*command, "--recipe", recipe, "--output", str(tmp_path / "x"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline: auto" in out and "data.pipeline auto measures the device path against timm's" in out
