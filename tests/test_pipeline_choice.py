@@ -101,9 +101,9 @@ def test_device_failures_are_the_devices_and_data_errors_are_not():
 
 
 # ------------------------------------------------------------------------------------------ auto in a run
-@pytest.mark.parametrize("winner", ["device", "timm"])
+@pytest.mark.parametrize(("winner", "workers"), [("device", 0), ("timm", 0), ("device", 1)])
 def test_auto_prints_and_records_its_choice_and_equals_the_run_forced_to_it(folder, tmp_path, capsys, monkeypatch,
-                                                                              winner):
+                                                                              winner, workers):
     real = train_batches.measure
 
     def measured(paths, device):  # the real probe (every batch read), then the winner we test made faster
@@ -112,16 +112,18 @@ def test_auto_prints_and_records_its_choice_and_equals_the_run_forced_to_it(fold
         return {**figures, winner: max(figures.values()) + 1.0}
 
     monkeypatch.setattr(train_batches, "measure", measured)
-    code, out, err = train(folder, tmp_path / "auto", capsys)
+    # with a worker the probe leaves both paths' persistent workers mid-epoch; the chosen one's are kept
+    code, out, err = train(folder, tmp_path / "auto", capsys, **{"data.num_workers": workers})
     assert code == 0, err[-2000:]
     line = PROBE.search(out)
     assert line and line.group(3) == winner and out.count("data.pipeline auto:") == 1
     recorded = summary(tmp_path / "auto")
     assert recorded["name"] == winner and set(recorded["figures"]) == {"device", "timm"}
     assert recorded["reason"].startswith("measured faster") and recorded["switched"] is None
+    assert ("decoded_on_device" in recorded) == (winner == "device")  # counts of the batches trained on
     assert torch.load(tmp_path / "auto" / "last.pth", weights_only=True)["data_pipeline"]["name"] == winner
     monkeypatch.setattr(train_batches, "measure", real)
-    code, out, _ = train(folder, tmp_path / "forced", capsys, **{"data.pipeline": winner})
+    code, out, _ = train(folder, tmp_path / "forced", capsys, **{"data.pipeline": winner, "data.num_workers": workers})
     assert code == 0 and "data.pipeline auto:" not in out
     assert_same_weights(tmp_path / "auto", tmp_path / "forced")
 

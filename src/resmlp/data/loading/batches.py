@@ -108,7 +108,8 @@ class TrainBatches:
     def summary(self) -> dict[str, Any]:
         """summary.json's data_pipeline: the choice, and how the device path decoded its images when it ran."""
         choice = self.choice or PipelineChoice(next(iter(self.paths)), "")
-        counts = self.data.pipeline_summary() if "device" in self.paths else {}
+        ran = "device" in self.paths and (choice.name == "device" or choice.switched is not None)
+        counts = self.data.pipeline_summary() if ran else {}
         return {**counts, **choice.to_dict()}
 
     # ------------------------------------------------------------------------------------ the batches
