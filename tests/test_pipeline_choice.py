@@ -297,3 +297,9 @@ def test_a_dry_run_says_the_path_is_measured_at_the_start(tmp_path, capsys, monk
     assert main([*command, "--recipe", recipe, "--output", str(tmp_path / "x"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "pipeline: auto" in out and "data.pipeline auto measures the device path against timm's" in out
+
+
+def test_benchmark_pipeline_without_data_is_one_line(capsys):
+    assert main(["benchmark", "--pipeline", "--recipe", "deit", "--device", "cpu"]) != 0
+    err = capsys.readouterr().err
+    assert "data.dir: the folder dataset needs a folder" in err and "Traceback" not in err
