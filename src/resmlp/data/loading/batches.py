@@ -20,7 +20,6 @@ import torch
 
 from resmlp.data.device.batch_augment import array_batches
 from resmlp.data.loading.choice import (
-    DEVICE_FAILURES,
     PipelineChoice,
     agreed,
     decide,
@@ -132,8 +131,8 @@ class TrainBatches:
             for batch in self.open_path("device", epoch, skip):
                 yield batch
                 handed += 1
-        except DEVICE_FAILURES as e:
-            if not is_device_failure(e):
+        except Exception as e:  # not GeneratorExit: a generator closed at exit only closes
+            if not is_device_failure(e):  # DEVICE_FAILURES, not the user's data's (resmlp.data.loading.choice)
                 raise
             position = skip + handed * self.batch_size
             self.choice = PipelineChoice("timm", f"the device path failed in training ({error_line(e)})",
