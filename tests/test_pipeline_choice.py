@@ -303,3 +303,13 @@ def test_benchmark_pipeline_without_data_is_one_line(capsys):
     assert main(["benchmark", "--pipeline", "--recipe", "deit", "--device", "cpu"]) != 0
     err = capsys.readouterr().err
     assert "data.dir: the folder dataset needs a folder" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("record", [["device"], {"name": 3}, "timm"])
+def test_a_damaged_choice_in_a_state_is_one_line(record):
+    from resmlp.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="data_pipeline record"):
+        choice.PipelineChoice.from_dict(record)
+    kept = choice.PipelineChoice.from_dict({"name": "timm", "figures": "x", "switched": 5})
+    assert kept == choice.PipelineChoice("timm", "", {}, None)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from resmlp.errors import ResmlpError
+from resmlp.errors import CheckpointError, ResmlpError
 
 PROBE_BATCHES = 5  # a path's batches at most: the first (workers starting) untimed, then 4 timed
 PROBE_SECONDS = {"cuda": 3.0, "cpu": 12.0}  # a path stops at the first batch boundary after this (others: cuda's)
@@ -62,9 +62,14 @@ class PipelineChoice:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, saved: dict[str, Any]) -> PipelineChoice:
-        return cls(str(saved["name"]), str(saved.get("reason", "")), dict(saved.get("figures") or {}),
-                   saved.get("switched"))
+    def from_dict(cls, saved: Any) -> PipelineChoice:
+        """The choice a state recorded; CheckpointError (one line) for a record that is not one."""
+        if not isinstance(saved, dict) or not isinstance(saved.get("name"), str):
+            raise CheckpointError(f"the state's data_pipeline record is {str(saved)[:80]!r}, not a data path; the "
+                                  "state file is damaged: resume from a copy or start a new run")
+        figures, switched = saved.get("figures"), saved.get("switched")
+        return cls(saved["name"], str(saved.get("reason", "")), dict(figures) if isinstance(figures, dict) else {},
+                   switched if isinstance(switched, dict) else None)
 
 
 def probe_seconds(device: torch.device) -> float:
