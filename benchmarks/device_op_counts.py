@@ -34,6 +34,7 @@ from timm.data import Mixup
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from resmlp.analysis.op_counts import OpCounter
 from resmlp.data.device.augment import DeviceAugment
 from resmlp.data.device.multi_crop import MultiCropAugment
 from resmlp.fileio import write_json
@@ -44,24 +45,6 @@ DEIT = dict(scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, auto_augment="ra
 # the paper's Mixup 0.8 / CutMix 1.0 (DeiT's recipe), applied by the loss (resmlp.train.losses) to the batch
 MIXUP = dict(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=10)
 IMG_SIZE = 32
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts every aten op dispatched inside it, by name; not prim ops (prim.device: a metadata query that fake
-    tensors route through the dispatcher and real ones answer from the tensor, never a kernel)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace != "prim":
-            self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.ops.values())
 
 
 class PeakBytes(TorchDispatchMode):

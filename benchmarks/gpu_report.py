@@ -23,7 +23,10 @@ device tool limited to 10 minutes each):
   vs timm's parts (benchmarks/train_pipeline.py); against the raw compiled step of `trainer-vs-raw`. Then DINO's
   multi-crop (benchmarks/dino_multi_crop.py): batched on the device vs DINO's PIL transform in 14 loader workers,
   with ops (kernel launches) per batch, host time per batch, images/s and views/s against that raw step;
-  within what is left of the part's time.
+  within what is left of the part's time;
+- `node`: `resmlp benchmark --pipeline --recipe deit` on the pipeline part's JPEG folder (or a small one): each
+  data path's images/s, host ms and ops per batch against the raw training step, and the path `data.pipeline:
+  auto` would choose on this machine (at most 2 minutes).
 
 Writes OUT/gpu_report.json (every part: command, seconds, exit status, parsed numbers, error) and
 OUT/gpu_report.md (device, driver, torch and package versions, one table per part).
@@ -49,7 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's resmlp, as the parts' subprocesses get (PYTHONPATH)
 from resmlp.fileio import atomic_write  # noqa: E402 (needs the line above)
 
-PARTS = ("cuda-tests", "suite", "quickstart", "guard", "trainer-vs-raw", "raw-step", "inference", "pipeline")
+PARTS = ("cuda-tests", "suite", "quickstart", "guard", "trainer-vs-raw", "raw-step", "inference", "pipeline",
+         "node")
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
@@ -213,9 +217,28 @@ def part_dino(args, work: Path, timeout: float) -> dict[str, object]:
     return {**run(cmd, timeout), "results": load_json(path)}
 
 
+def part_node(args, work: Path) -> dict[str, object]:
+    """`resmlp benchmark --pipeline`: the report a user runs on their own machine (docs/training.md)."""
+    folder, path = work / "jpegs", work / "node.json"
+    made = None
+    if not (folder / "train").is_dir():
+        made = run(python("benchmarks/train_pipeline.py", "--make-folder", str(folder), "--images",
+                          "64" if args.tiny else "1024"), args.timeout)
+    cmd = python("-m", "resmlp", "benchmark", "--pipeline", "--recipe", "deit", "--data-dir", str(folder),
+                 "--device", args.device, "--output", str(path), "--set", "data.kind=folder")
+    if args.tiny:  # a small model, no workers, fp32 (bf16 is emulated on an AVX2 CPU)
+        cmd += ["--batch-size", "8", "--batches", "2", "--set", "data.num_workers=0", "--set", "train.amp=fp32",
+                *[arg for kv in ("model.img_size=32", "model.dim=16", "model.depth=1") for arg in ("--set", kv)]]
+    else:
+        cmd += ["--batch-size", "128", "--batches", "10", "--set", "data.num_workers=14"]
+    result = run(cmd, min(args.timeout, 120))
+    return {**result, "exit": (made or {}).get("exit", 0) or result["exit"], "results": load_json(path),
+            **({"make_folder": made} if made else {})}
+
+
 RUNNERS = {"cuda-tests": part_cuda_tests, "suite": part_suite, "quickstart": part_quickstart, "guard": part_guard,
            "trainer-vs-raw": part_trainer_vs_raw, "raw-step": part_raw_step, "inference": part_inference,
-           "pipeline": part_pipeline}
+           "pipeline": part_pipeline, "node": part_node}
 
 
 # ------------------------------------------------------------------------------------------ the machine
@@ -308,7 +331,7 @@ def part_lines(name: str, part: dict[str, object]) -> list[str]:
         dino = part["dino"].get("results") or part["dino"]
         return ["```json", json.dumps(part.get("results"), indent=1)[:6000], "```", "", "DINO's multi-crop:",
                 "```json", json.dumps(dino, indent=1)[:3000], "```", ""]
-    if name in ("inference", "pipeline"):
+    if name in ("inference", "pipeline", "node"):
         return ["```json", json.dumps(part.get("results"), indent=1)[:6000], "```", ""]
     return []
 
@@ -423,7 +446,8 @@ OK_PART_KEYS = {"cuda-tests": ("command", "counts"), "suite": ("command", "count
                 "quickstart": ("command", "summary"), "guard": ("command", "results"),
                 "trainer-vs-raw": ("trainer", "raw_step", "trainer_img_s_last_epoch", "raw_compiled_img_s",
                                    "trainer_over_raw"),
-                "raw-step": (), "inference": ("command", "results"), "pipeline": ("command", "make_folder", "results")}
+                "raw-step": (), "inference": ("command", "results"), "pipeline": ("command", "make_folder", "results"),
+                "node": ("command", "results")}
 
 
 def _check_part(name: str, part: object, where: str) -> None:

@@ -145,23 +145,25 @@ def test_the_gpu_report_dry_runs_every_part_on_the_cpu_and_merges(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
     first, second = ["cuda-tests", "suite", "quickstart", "guard"], ["trainer-vs-raw", "raw-step", "inference",
                                                                         "pipeline"]
-    for out, parts in ((tmp_path / "a", first), (tmp_path / "b", second)):
+    third = ["node"]
+    for out, parts in ((tmp_path / "a", first), (tmp_path / "b", second), (tmp_path / "c", third)):
         subprocess.run([sys.executable, script, "--out", str(out), "--device", "cpu", "--tiny", "--parts", *parts],
                        check=True, env=env, capture_output=True, timeout=600)
-    subprocess.run([sys.executable, script, "--merge", str(tmp_path / "a" / "gpu_report.json"),
-                    str(tmp_path / "b" / "gpu_report.json"), "--out", str(tmp_path / "m")], check=True, env=env,
-                   capture_output=True, timeout=60)
+    subprocess.run([sys.executable, script, "--merge", *[str(tmp_path / r / "gpu_report.json") for r in "abc"],
+                    "--out", str(tmp_path / "m")], check=True, env=env, capture_output=True, timeout=60)
     report = json.loads((tmp_path / "m" / "gpu_report.json").read_text())
-    assert list(report["parts"]) == first + second
+    assert list(report["parts"]) == first + second + third
     failed = {name: part.get("output_tail", part.get("error")) for name, part in report["parts"].items()
               if part["exit"] != 0}
     assert failed == {}
     assert report["parts"]["quickstart"]["summary"]["test_top1"] is not None
     assert report["parts"]["pipeline"]["dino"]["results"]["device_path"]["ops_per_batch"] > 0  # DINO's multi-crop
+    node = report["parts"]["node"]["results"]  # resmlp benchmark --pipeline: both paths, and auto's pick
+    assert set(node["paths"]) == {"device", "timm"} and node["auto_would_choose"]["name"] in node["paths"]
     assert report["parts"]["guard"]["results"][0]["guard_copy_mib"] > report["parts"]["guard"]["results"][0][
         "parameter_mib"]  # the moments are in the guard's copy
     markdown = (tmp_path / "m" / "gpu_report.md").read_text()
-    assert all(f"## {name}: ok" in markdown for name in first + second) and markdown.count("| torch |") == 2
+    assert all(f"## {name}: ok" in markdown for name in first + second + third) and markdown.count("| torch |") == 3
 
 
 def test_the_gpu_report_refuses_a_damaged_report_to_merge_in_one_line(tmp_path):

@@ -27,6 +27,7 @@ TINY = {
     "model.in_chans": 3, "schedule.epochs": 2, "schedule.warmup_epochs": 0, "train.batch_size": 8,
     "train.progress": False, "train.threads": 1, "train.compile": False, "train.amp": "none",
     "data.mean": [0.5, 0.5, 0.5], "data.std": [0.25, 0.25, 0.25], "train.device": "cpu",
+    "data.pipeline": "device",  # the recipe's auto would measure; runs compared here take one path
 }
 CLASSES = ("n01", "n02")
 

@@ -160,7 +160,7 @@ def test_a_run_trains_on_the_chosen_pipeline_and_records_it(tmp_path, pipeline, 
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("data.pipeline=gpu", "is not one of device, timm"),
+    ("data.pipeline=gpu", "is not one of auto, device, timm"),
     ("data.auto_augment=augmix-m5-w4-d2", "set data.pipeline=timm"),
     ("data.color_jitter=0.4", "does not run data.color_jitter"),
 ])

@@ -95,6 +95,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="write a throughput-vs-accuracy PNG here (with --accuracy or --val-data; without them, "
                         "throughput alone)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    p.add_argument("--pipeline", action="store_true",
+                   help="instead of Table 1: each data path of --recipe (the device path, timm's transform in workers) "
+                   "on this machine, images/s, host ms and ops per batch, against the raw training step, and the "
+                   "path data.pipeline auto would choose (at --batch-size, on --device)")
+    p.add_argument("--recipe", default="deit", help="with --pipeline: the recipe whose data paths are measured (deit)")
+    p.add_argument("--data-dir", default=None, help="with --pipeline: the recipe's data.dir (an image folder)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --pipeline: a recipe override, as resmlp train's (repeatable)")
+    p.add_argument("--batches", type=_positive_int, default=10,
+                   help="with --pipeline: batches timed per path, at most (10; each path stops after 30 s too)")
     p.set_defaults(run=run)
 
 
@@ -106,6 +116,8 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pipeline:
+        return run_pipeline(args)
     from resmlp.analysis import benchmark
     from resmlp.hostinfo import host_line
     from resmlp.runtime import process_settings, resolve_device
@@ -146,6 +158,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     if args.plot:
         print(f"wrote {benchmark.plot_tradeoff(rows, args.plot)}")
+    return 0
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    """`--pipeline`: the recipe's data paths against the raw step (resmlp.analysis.pipeline_report)."""
+    from resmlp.analysis.pipeline_report import pipeline_report, report_lines
+    from resmlp.fileio import write_json
+    from resmlp.runtime import process_settings
+
+    overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
+    with process_settings(args.threads):
+        report = pipeline_report(args.recipe, overrides, args.batch_size, args.device or "auto", args.batches)
+    print("\n".join(report_lines(report)))
+    if args.output:
+        print(f"wrote {write_json(args.output, report)}")
     return 0
 
 

@@ -58,6 +58,9 @@ def dry_run(load: Callable[[dict[str, Any]], TrainConfig], data_dir: str | None,
     if cfg.distill.teacher:
         unchecked.append(f"the teacher {cfg.distill.teacher}'s weights and outputs (read at the start of the run)")
     unchecked.append("the images themselves, the dataset's size and steps per epoch (read at the start of the run)")
+    if cfg.data.pipeline == "auto":
+        unchecked.append("which data path trains: data.pipeline auto measures the device path against timm's on the "
+                         "run's device before its first step (a few seconds; docs/training.md)")
     if resume:
         unchecked.append("the state file the run would resume and whether its settings agree (read at its start)")
     return "\n".join(lines + [f"  not checked:      {item}" for item in unchecked])

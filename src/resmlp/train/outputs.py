@@ -73,7 +73,7 @@ def run_summary(trainer: TrainerView, selected_test: dict[str, float] | None,
         dataset=run_spec(t.data).kind, global_batch=t.train.batch_size, lr=trainer.lr, amp=precision_name(trainer.amp),
         device=str(info.device), world_size=info.world_size, compile=trainer.compile_choice.summary(),
         host=host_info(trainer.amp), metrics=str((out / "metrics.csv").resolve()),
-        learning_curves=str((out / "learning_curves.png").resolve()), data_pipeline=trainer.data.pipeline_summary(),
+        learning_curves=str((out / "learning_curves.png").resolve()), data_pipeline=trainer.train_batches.summary(),
         **trainer.task.summary_extra(),
     )
     if selected_test is not None:  # how the test split was scored: `resmlp eval` with these gives the same number

@@ -59,7 +59,8 @@ class DataConfig:
     batch_augment: bool = True
     # device: JPEGs decoded and the training augmentation (random-resized crop, flip, timm's RandAugment, erasing)
     # applied to whole batches where the model runs (resmlp.data.device.pipeline); timm: timm's per-image
-    # transform in loader workers, the reference. Recipes whose ops the device path covers set device
+    # transform in loader workers, the reference; auto: the faster of the two, measured before the first step
+    # (resmlp.data.loading.choice). Recipes whose ops the device path covers set auto
     pipeline: str = "timm"
     synthetic_size: list[int] = field(default_factory=lambda: [256, 64])  # train, val (kind: synthetic)
     synthetic_classes: int = 4

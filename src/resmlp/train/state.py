@@ -75,7 +75,8 @@ def check_resumable(path: str | Path, saved: dict[str, Any], now: dict[str, Any]
     defaults = _flatten(TrainConfig().to_dict())  # a key added since the run was saved, at its default, is no change
     changed = [key for key in sorted(old.keys() | new.keys())
                if key != "recipe" and old.get(key) != new.get(key) and key not in RESUMABLE_CHANGES
-               and not (key not in old and key in defaults and new.get(key) == defaults[key])]
+               and not (key not in old and key in defaults and new.get(key) == defaults[key])
+               and not (key == "data.pipeline" and new.get(key) == "auto")]  # auto: the state's path goes on
     if changed:
         lines = [f"  {key}: was {old.get(key)!r}, now {new.get(key)!r}" for key in changed]
         raise ValueError(f"{path} was trained with different settings:\n" + "\n".join(lines) + "\nresume with the "
@@ -184,6 +185,7 @@ def snapshot(trainer: TrainerView) -> dict[str, Any]:
         best_top1=trainer.best_top1, best_epoch=trainer.best_epoch, epoch_totals=trainer.epoch_totals.clone(),
         world_size=trainer.info.world_size, steps_per_epoch=trainer.steps_per_epoch,
         stream_shards=_stream_shards(trainer), repeat_placement=_repeat_placement(trainer),
+        data_pipeline=trainer.train_batches.choice.to_dict() if trainer.train_batches.choice else None,
         wall_seconds=trainer.wall_before + time.perf_counter() - trainer.t0,
     )
 
@@ -207,6 +209,8 @@ def restore(trainer: TrainerView, state: dict[str, Any]) -> None:
     trainer.best_top1, trainer.best_epoch = state["best_top1"], state["best_epoch"]
     trainer.epoch_totals = state["epoch_totals"]
     keep_repeat_placement(trainer, state)
+    # the data path the run was on (auto's measurement, or timm's after a device failure): no probe, exact
+    trainer.train_batches.resume(state.get("data_pipeline"), state["config"]["data"].get("pipeline", "timm"))
     trainer.wall_before = state["wall_seconds"]
     # the schedule is a function of the config and the step, so it is rebuilt rather than loaded: a resume
     # may extend schedule.epochs or lower optim.lr (check_resumable says which keys may change)

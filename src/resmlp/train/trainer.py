@@ -136,6 +136,7 @@ class Trainer:
             self.tb = reporting.RunLogs(self.out, self.cfg.to_dict())  # TensorBoard, W&B, MLflow
             if self.history:  # a resume: the files a kill during the last epoch's side outputs left unwritten
                 side_outputs(self, self.history[-1], logs=False)
+        self.train_batches.choose(self.info)  # data.pipeline auto: measured here, before the first step
         try:
             while self.epoch < self.cfg.schedule.epochs and not should_stop(self):
                 self._train_epoch()

@@ -89,31 +89,24 @@ def once_per_key(range_errors: list[str], value_errors: list[str]) -> list[str]:
 
 
 def check_augmentation(d: Any) -> list[str]:
-    """data.auto_augment (timm's parse) and data.pipeline: device or timm, device only where it runs every
-    training op the data section asks for."""
+    """data.auto_augment (timm's parse) and data.pipeline: auto, device or timm, device only where it runs every
+    training op the data section asks for (auto then takes timm's path: resmlp.data.loading.choice)."""
     if d.auto_augment is not None and (errors := check_auto_augment(d.auto_augment)):
         return errors
     if d.remode not in ("pixel", "rand", "const"):
         return [f"data.remode: {d.remode!r} is not one of pixel, rand, const (timm's random erasing modes)"]
-    if (d.remode, d.recount) != ("pixel", 1) and (d.pipeline, d.batch_augment) != ("timm", False):
+    if (d.remode, d.recount) != ("pixel", 1) and (d.pipeline == "device" or d.batch_augment):
         return [f"data.remode={d.remode} / data.recount={d.recount} run in timm's per-image transform only (the "
-                "batched and device paths erase one box of pixel noise, DeiT's default); set data.pipeline=timm and "
-                "data.batch_augment=false"]
-    hint = "; set data.pipeline=timm (timm's per-image transform)"
-    if d.pipeline not in ("device", "timm"):
-        return [f"data.pipeline: {d.pipeline!r} is not one of device, timm"]
-    if d.pipeline == "timm":
+                "batched and device paths erase one box of pixel noise, DeiT's default); set data.pipeline=timm (or "
+                "auto) and data.batch_augment=false"]
+    if d.pipeline not in ("auto", "device", "timm"):
+        return [f"data.pipeline: {d.pipeline!r} is not one of auto, device, timm"]
+    if d.pipeline != "device":
         return []
-    if d.color_jitter > 0 and not d.auto_augment:  # timm turns colour jitter off under RandAugment
-        return [f"data.pipeline=device does not run data.color_jitter={d.color_jitter}{hint}"]
-    if d.auto_augment:
-        from resmlp.data.device.rand_augment import parse_rand_augment
+    from resmlp.data.device.pipeline import device_refusal
 
-        try:
-            parse_rand_augment(d.auto_augment)
-        except ValueError as e:
-            return [f"data.auto_augment: {e}"]
-    return []
+    refusal = device_refusal(d)
+    return [refusal] if refusal else []
 
 
 def check_source(d: Any) -> list[str]:

@@ -25,6 +25,7 @@ class TrainerView(Protocol):
     info: DistInfo  # world size, rank, device
     amp: str  # the resolved precision: bf16, fp16 or none
     data: RunData  # train / val / test datasets, class names, preprocessing
+    train_batches: Any  # resmlp.data.loading.batches.TrainBatches: the training batches and the path they take
     model: nn.Module  # the network being trained (not the DDP / compiled wrapper)
     ema: Any  # timm's ModelEmaV3 or None
     optimizer: torch.optim.Optimizer

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -30,7 +31,7 @@ from resmlp.data.device.decode import (
 )
 from resmlp.runtime import copy_to, worker_ignores_stop_signals
 
-PIPELINES = ("device", "timm")
+PIPELINES = ("auto", "device", "timm")  # data.pipeline's values (auto: resmlp.data.loading.choice)
 
 
 class DevicePipeline:
@@ -89,3 +90,22 @@ def in_workers(device: torch.device, num_workers: int) -> bool:
     """Whether decoding and augmentation run in the loader workers (a CPU model with workers; module doc)."""
     return device.type == "cpu" and num_workers > 0
 
+
+
+def device_refusal(d: Any) -> str | None:
+    """Why the device path can't run a data section's training ops (None: it can): data.pipeline=device is
+    refused with it, auto takes timm's path."""
+    if d.color_jitter > 0 and not d.auto_augment:  # timm turns colour jitter off under RandAugment
+        return (f"data.pipeline=device does not run data.color_jitter={d.color_jitter}; set data.pipeline=timm "
+                "(timm's per-image transform) or auto")
+    if (getattr(d, "remode", "pixel"), getattr(d, "recount", 1)) != ("pixel", 1):
+        return (f"data.pipeline=device erases one box of pixel noise, not data.remode={d.remode} / data.recount="
+                f"{d.recount}; set data.pipeline=timm (timm's per-image transform) or auto")
+    if d.auto_augment:
+        from resmlp.data.device.rand_augment import parse_rand_augment
+
+        try:
+            parse_rand_augment(d.auto_augment)
+        except ValueError as e:
+            return f"data.auto_augment: {e}"
+    return None

@@ -23,7 +23,7 @@ from resmlp.data.device.augment import DeviceAugment
 from resmlp.data.device.batch_augment import BatchAugment
 from resmlp.data.device.decode import EncodedDataset, EncodedStream
 from resmlp.data.device.multi_crop import MultiCropAugment
-from resmlp.data.device.pipeline import DevicePipeline
+from resmlp.data.device.pipeline import DevicePipeline, device_refusal
 from resmlp.data.loading.finish import DeviceFinish
 from resmlp.data.per_image.decoded import decoded
 from resmlp.data.per_image.folder import class_folder_records
@@ -31,6 +31,7 @@ from resmlp.data.records import MapRecords, Source, SourceSpec
 from resmlp.data.sources import open_source, spec_from_config
 from resmlp.data.sources.remote import RemoteOptions
 from resmlp.data.splits import decide_splits
+from resmlp.errors import ConfigError
 from resmlp.preprocess import Preprocess
 
 if TYPE_CHECKING:
@@ -51,7 +52,9 @@ class RunData:
     test_batched: BatchAugment | None = None
     train_pipeline: DevicePipeline | None = None  # set: train is an EncodedDataset decoded on the device
     pipeline: str = "timm"  # the training data path, for summary.json
-    train_finish: DeviceFinish | None = None  # set: train's transform ends in uint8, finished on the device
+    train_finish: DeviceFinish | None = None  # set: timm's path sends uint8, finished on the device
+    requested: str = "timm"  # data.pipeline as configured: auto, device or timm (resmlp.data.loading.choice)
+    device_refused: str | None = None  # auto: why the device path can't run this data section (None: it can)
 
     def pipeline_summary(self) -> dict[str, Any]:
         """How the training images were decoded and augmented (summary.json's data_pipeline)."""
@@ -116,14 +119,12 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
     permutation = (PixelPermutation(d.permute, img_size, d.permute_patch, d.permute_seed)
                    if d.permute != "none" else None)
     augment = val_batched = test_batched = pipeline = None
+    refused: list[str] = []  # data.pipeline=auto: why the device path can't run this data section
     if (d.batch_augment and train_transform is None and isinstance(train, ArrayDataset)
             and not d.auto_augment and not d.color_jitter):
         augment = BatchAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip, d.reprob,
                                d.interpolation, after=permutation)
-    elif d.pipeline == "device":
-        device_augment = (train_transform(pre, batched=True) if train_transform else
-                          DeviceAugment(img_size, in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip,
-                                        d.auto_augment, d.reprob, d.interpolation, after=permutation))
+    elif (device_augment := _device_augment(d, pre, train_transform, permutation, refused)) is not None:
         if isinstance(train, ArrayDataset):
             augment = device_augment  # array_batches hands it device-resident uint8 batches
         else:  # map records by sampler key; a stream in the order and with the keys of its DecodedStream
@@ -135,9 +136,30 @@ def build_data(d: DataConfig, in_chans: int, img_size: int, seed: int,
         val_batched = pre.batched_eval(*val.images.shape[1:3], after=permutation)
         test_batched = (pre.batched_eval(*test.images.shape[1:3], after=permutation)
                         if isinstance(test, ArrayDataset) else None)
-    finish = (DeviceFinish(pre.mean, pre.std, d.reprob, d.remode, d.recount)
-              if uint8 and augment is None and pipeline is None else None)
+    # timm's path (the reference; with a device path, the one auto measures it against and falls back to)
+    finish = DeviceFinish(pre.mean, pre.std, d.reprob, d.remode, d.recount) if uint8 else None
     return RunData(train, val, test, train_eval, list(splits.train.class_names), pre, splits.validation, augment,
                    val_batched, test_batched, pipeline, "device" if pipeline or isinstance(
                        augment, (DeviceAugment, MultiCropAugment)) else "batched" if augment is not None else "timm",
-                   finish)
+                   finish, d.pipeline, refused[0] if refused else None)
+
+
+def _device_augment(d: DataConfig, pre: Preprocess, train_transform: Callable[..., Any] | None,
+                    permutation: PixelPermutation | None, refused: list[str]) -> Any:
+    """The device path's batch augmentation (DeviceAugment, or the task's batched transform: DINO's
+    MultiCropAugment); None with data.pipeline=timm, or with auto where the device path can't run the data
+    section's ops (the reason appended to `refused`)."""
+    if d.pipeline == "timm":
+        return None
+    if d.pipeline == "auto" and (why := device_refusal(d)) is not None:
+        refused.append(why)
+        return None
+    try:
+        return (train_transform(pre, batched=True) if train_transform else
+                DeviceAugment(pre.img_size, pre.in_chans, pre.mean, pre.std, d.scale, d.ratio, d.hflip,
+                              d.auto_augment, d.reprob, d.interpolation, after=permutation))
+    except ConfigError as e:  # e.g. views too small for the device multi-crop's blur: auto takes timm's path
+        if d.pipeline != "auto":
+            raise
+        refused.append(str(e))
+        return None
