@@ -22,6 +22,7 @@ from resmlp.train.config import load_config
 D45, D105, D117, D106, CROP = "deit#45", "deit#105", "deit#117", "deit#106", "deit#113"
 DEFAULT, III = "DeiT main.py default", "DeiT III README"
 AS_IMAGENET = "the same as for training on ImageNet"
+MAIN, STEP = "DeiT main.py", "lr_scheduler.step(epoch) once after each epoch"
 SMALL = {  # deit#45's recipe: CIFAR-10 and Stanford Cars (and, with no source of its own, Flowers-102)
     "model.drop_path_rate": (0.0, D45, "We remove random erasing and stochastic depth"),
     "data.crop_pct": (0.875, DEFAULT, "eval resize 256/224 x input size, center crop"),
@@ -44,6 +45,7 @@ SMALL = {  # deit#45's recipe: CIFAR-10 and Stanford Cars (and, with no source o
     "schedule.warmup_epochs": (5, DEFAULT, "--warmup-epochs 5"),
     "schedule.warmup_lr": (1e-6, DEFAULT, "--warmup-lr 1e-6"),
     "schedule.min_lr": (1e-5, DEFAULT, "--min-lr 1e-5"),
+    "schedule.step_on": ("epoch", MAIN, STEP),
     "loss.label_smoothing": (0.1, DEFAULT, "--smoothing 0.1"),
     "train.batch_size": (768, D45, "Batch size: 768"),
     "train.amp": ("fp32", D117, "Remove mixed precision: True"),
@@ -69,6 +71,7 @@ INAT = {
     "schedule.warmup_epochs": (5, D105, "Warmup: 5 epochs"),
     "schedule.warmup_lr": (1e-6, DEFAULT, "--warmup-lr 1e-6"),
     "schedule.min_lr": (1e-5, DEFAULT, "--min-lr 1e-5"),
+    "schedule.step_on": ("epoch", MAIN, STEP),
     "loss.label_smoothing": (0.1, D105, "Smoothing: 0.1"),
     "train.batch_size": (768, D105, "Batch size: 768"),
     "train.amp": ("fp32", D117, "Remove mixed precision: True"),
@@ -90,6 +93,7 @@ DEIT3 = {  # DeiT III README, ViT-B on ImageNet-21k (and its fine-tuning on Imag
     "schedule.warmup_epochs": (5, III, "--warmup-epochs 5"),
     "schedule.warmup_lr": (1e-6, III, "--warmup-lr 1e-6"),
     "schedule.min_lr": (1e-5, DEFAULT, "--min-lr 1e-5"),
+    "schedule.step_on": ("epoch", "DeiT III main.py", STEP),
     "loss.label_smoothing": (0.1, III, "--smoothing 0.1"),
     "train.batch_size": (2048, III, "--batch 64 on 4 nodes x 8 GPUs"),
     "train.amp": ("fp32", D106, "FP16: False"),

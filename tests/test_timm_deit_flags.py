@@ -103,7 +103,7 @@ def test_a_bad_value_gives_the_same_one_line_error_as_set(flag, value, key, tmp_
 
 
 def test_erasing_modes_other_than_deits_need_the_per_image_transform(tmp_path):
-    with pytest.raises(ValueError, match="set data.pipeline=timm and data.batch_augment=false"):
+    with pytest.raises(ValueError, match=r"set data.pipeline=timm \(or auto\) and data.batch_augment=false"):
         load_config("fashion-mnist-quick", {"data.remode": "const"})
     cfg = load_config("fashion-mnist-quick", {"data.remode": "const", "data.recount": 2, "data.pipeline": "timm",
                                               "data.batch_augment": False})

@@ -10,7 +10,8 @@ from resmlp.train.config import RECIPES, load_config, parse_overrides
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_shipped_recipes_validate(name, tmp_path, monkeypatch):
-    needs_dir = name in ("deit", "deit-distill", "dino-imagenet", "old-fashioned", "cifar-finetune")  # ImageNet, CIFAR
+    needs_dir = name in ("deit", "deit-distill", "dino-imagenet", "old-fashioned", "cifar-finetune") \
+        or name.startswith(("transfer-", "in21k-"))  # ImageNet, CIFAR, ImageNet-21k, Table 4's transfer sets
     monkeypatch.chdir(tmp_path)  # a recipe's teacher (runs/teacher/best.safetensors) is checked to exist: here
     (tmp_path / "runs" / "teacher").mkdir(parents=True)
     (tmp_path / "runs" / "teacher" / "best.safetensors").write_bytes(b"")
