@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
+from hostspeed import timed_out_message
 
 from resmlp.models.resmlp import ResMLP, ResMLPConfig
 
@@ -71,6 +74,16 @@ def pytest_report_header(config) -> str:
     from resmlp.hostinfo import host_line
 
     return host_line()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A subprocess time limit (`hostspeed.limit`) that expires fails the test in one line naming the limit, the
+    host scale and the command, not a TimeoutExpired traceback."""
+    try:
+        return (yield)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(timed_out_message(err), pytrace=False)
 
 
 # How far two training runs that differ only in rounding (compile vs eager, two processes vs one, accumulation

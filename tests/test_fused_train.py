@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_trained_like_
+from hostspeed import limit
 
 from resmlp.models import fused_block
 from resmlp.models.fused_block import FusedBlockFunction, fusable, set_fused_training
@@ -147,7 +148,7 @@ def test_benchmark_smoke_writes_host_and_ratios(tmp_path):
     # kernels restricted to AVX2 (an AVX2 host's rehearsal): no native bf16, so the default measures fp32 only
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2",
            "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120)
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=limit(120))
     data = json.loads(out.read_text())
     assert {"cpu", "cpu_capability", "native_bf16", "threads", "torch", "timm"} <= data["host"].keys()
     assert data["host"]["native_bf16"] is False and len(data["results"]) == 1

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_same_training
+from hostspeed import limit
 from safetensors.torch import load_file
 from test_train_engine import initial_weights
 
@@ -31,7 +32,7 @@ def test_two_gloo_processes_match_one_process(tmp_path, amp):
     sets = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={json.dumps(v)}")]
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     ddp = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "resmlp", "train",
-                          "--output", str(tmp_path / "ddp"), *sets], capture_output=True, text=True, timeout=300)
+                          "--output", str(tmp_path / "ddp"), *sets], capture_output=True, text=True, timeout=limit(300))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     train("fashion-mnist-quick", tmp_path / "one", overrides=overrides)  # one process, same global batch
 
