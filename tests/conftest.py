@@ -86,6 +86,15 @@ def pytest_runtest_call(item):
         pytest.fail(timed_out_message(err), pytrace=False)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """The same for a fixture's command (a run trained once for a module's tests)."""
+    try:
+        return (yield)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(timed_out_message(err), pytrace=False)
+
+
 # How far two training runs that differ only in rounding (compile vs eager, two processes vs one, accumulation
 # vs a full batch) may drift apart, as a fraction of how far the weights moved. With plain SGD an update is
 # linear in the gradient, so a rounding difference stays a rounding difference. Measured on the tiny recipes

@@ -123,12 +123,15 @@ def test_the_measured_workload_runs_and_takes_time():
     assert 0 < seconds < 60 and torch.get_num_threads() >= 1  # the thread count is restored
 
 
-def test_an_expired_limit_fails_in_one_line_naming_the_limit_the_scale_and_the_command(fresh_scale, monkeypatch):
+@pytest.mark.parametrize("wrapper", [conftest.pytest_runtest_call, conftest.pytest_runtest_setup],
+                         ids=["test", "fixture"])
+def test_an_expired_limit_fails_in_one_line_naming_the_limit_the_scale_and_the_command(fresh_scale, monkeypatch,
+                                                                                         wrapper):
     monkeypatch.setenv(hostspeed.ENV, "2")
     cmd = [sys.executable, "-c", "import sys, time; print('started', flush=True); time.sleep(30)"]
     with pytest.raises(subprocess.TimeoutExpired) as expired:
         subprocess.run(cmd, capture_output=True, text=True, timeout=hostspeed.limit(2))
-    hook = conftest.pytest_runtest_call(None)  # the wrapper around every test's call
+    hook = wrapper(None)  # the wrapper around every test's call (and its fixtures' setup)
     next(hook)
     with pytest.raises(pytest.fail.Exception) as failed:
         hook.throw(expired.value)
