@@ -10,6 +10,7 @@ import pytest
 from hostspeed import limit
 
 
+@pytest.mark.slow
 def test_permutation_benchmark_trains_the_convnet_rows(tmp_path):
     # the convnet rows name their timm model in the model grammar (timm:NAME); a bare name was refused
     root = Path(__file__).resolve().parents[1]
@@ -33,6 +34,7 @@ def test_ablation_benchmark_writes_its_table(tmp_path):
     assert "| baseline |" in text and "| cross-none |" in text and "selected on the validation split" in text
 
 
+@pytest.mark.slow
 def test_transfer_benchmark_selects_on_validation_and_scores_test(tmp_path):
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, str(root / "benchmarks" / "transfer_digits.py"), "--tiny", "--output", str(tmp_path / "t")]
@@ -46,6 +48,7 @@ def test_transfer_benchmark_selects_on_validation_and_scores_test(tmp_path):
     assert sizes == {"train": 1144, "val": 203, "test": 450}  # 1,797 digits: 25 % test, 15 % of the rest val
 
 
+@pytest.mark.slow
 def test_knn_speed_benchmark_times_both_precisions_and_an_earlier_checkout(tmp_path):
     import torch
 
@@ -77,6 +80,7 @@ def test_knn_speed_benchmark_times_both_precisions_and_an_earlier_checkout(tmp_p
     assert floor["most_speedup_fp32"] == command["median_seconds"]["earlier code"] / floor["floor_s"]
 
 
+@pytest.mark.slow
 def test_allocator_benchmark_alternates_processes_and_compares_settings(tmp_path):
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "allocator.json"
@@ -187,6 +191,7 @@ def test_the_gpu_report_refuses_a_damaged_report_to_merge_in_one_line(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow
 def test_the_models_table_benchmark_times_both_ways(tmp_path):
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, str(root / "benchmarks" / "models_table.py"), "--rounds", "1"],
@@ -196,6 +201,7 @@ def test_the_models_table_benchmark_times_both_ways(tmp_path):
     assert "x faster; host" in done.stdout
 
 
+@pytest.mark.slow
 def test_data_startup_benchmark_compares_the_three_listings(tmp_path):
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "startup.json"

@@ -100,7 +100,8 @@ def step_gradient(model: torch.nn.Module, images: torch.Tensor, targets: torch.T
     return torch.cat([p.grad.flatten().double() for p in params])
 
 
-@pytest.mark.parametrize(("device", "amp"), [("cpu", "bf16"), pytest.param("cuda", "bf16", marks=CUDA),
+@pytest.mark.parametrize(("device", "amp"), [pytest.param("cpu", "bf16", marks=pytest.mark.hosttype),
+                                             pytest.param("cuda", "bf16", marks=CUDA),
                                              pytest.param("cuda", "fp16", marks=CUDA)])
 def test_a_mixed_precision_step_agrees_with_fp32(device, amp):
     model = build_fast(ResMLPConfig(img_size=16, patch_size=4, in_chans=3, dim=32, depth=2, num_classes=10))

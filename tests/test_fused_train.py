@@ -88,6 +88,7 @@ def test_drop_path_is_applied_by_the_fused_step():
     assert rel_err(outs[0], eval_out) > 1e-3
 
 
+@pytest.mark.hosttype
 @pytest.mark.parametrize("drop_path_rate", [0.0, 0.3])
 def test_fused_step_under_bf16_autocast_is_as_close_to_float64_as_the_plain_one(drop_path_rate):
     fused, plain = make_pair(torch.float32, drop_path_rate=drop_path_rate)

@@ -51,6 +51,7 @@ def sets(overrides: dict) -> list[str]:
     return [arg for key, value in overrides.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
 
 
+@pytest.mark.slow
 def test_sigterm_in_the_first_epoch_stops_with_a_state_and_the_printed_command_resumes_it_exactly(tmp_path):
     run = tmp_path / "preempted"
     stopped = subprocess.run([sys.executable, "-c", SIGNALLED_CHILD, "SIGTERM", "train", "--recipe",
