@@ -83,7 +83,8 @@ def pytest_runtest_call(item):
     try:
         return (yield)
     except subprocess.TimeoutExpired as err:
-        pytest.fail(timed_out_message(err), pytrace=False)
+        message = timed_out_message(err)
+    pytest.fail(message, pytrace=False)  # outside the except: no "during handling" chain
 
 
 @pytest.hookimpl(wrapper=True)
@@ -92,7 +93,8 @@ def pytest_runtest_setup(item):
     try:
         return (yield)
     except subprocess.TimeoutExpired as err:
-        pytest.fail(timed_out_message(err), pytrace=False)
+        message = timed_out_message(err)
+    pytest.fail(message, pytrace=False)  # outside the except: no "during handling" chain
 
 
 # How far two training runs that differ only in rounding (compile vs eager, two processes vs one, accumulation

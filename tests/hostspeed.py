@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import statistics
 import subprocess
 import time
@@ -81,13 +82,17 @@ def limit(seconds: float) -> float:
 
 def timed_out_message(err: subprocess.TimeoutExpired) -> str:
     """One line (and the command's last output) for a limit that expired, instead of a TimeoutExpired traceback."""
-    cmd = err.cmd if isinstance(err.cmd, str) else " ".join(str(c) for c in err.cmd)
+    cmd = err.cmd if isinstance(err.cmd, str) else shlex.join(str(c) for c in err.cmd)
     scale = host_scale()
     output = "".join(o.decode(errors="replace") if isinstance(o, bytes) else o
                      for o in (err.output, err.stderr) if o)
     tail = f"\nits last output:\n{output[-2000:]}" if output.strip() else ""
-    return (f"the command timed out after {err.timeout:.0f} s ({err.timeout / scale:.0f} s on the reference host x "
-            f"host scale {scale:.2f}, tests/hostspeed.py; {ENV}=N sets a larger scale): {cmd}{tail}")
+    return (f"the command timed out after {_seconds(err.timeout)} s ({_seconds(err.timeout / scale)} s on the "
+            f"reference host x host scale {scale:.2f}, tests/hostspeed.py; {ENV}=N sets a larger scale): {cmd}{tail}")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
 if __name__ == "__main__":

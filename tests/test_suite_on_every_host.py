@@ -137,7 +137,7 @@ def test_an_expired_limit_fails_in_one_line_naming_the_limit_the_scale_and_the_c
         hook.throw(expired.value)
     message = str(failed.value)
     assert failed.value.pytrace is False
-    assert message.startswith("the command timed out after 4 s (2 s on the reference host x host scale 2.00")
+    assert message.startswith("the command timed out after 4.0 s (2.0 s on the reference host x host scale 2.00")
     assert shlex.join(cmd[:2]) in message and "started" in message  # the command and its last output
 
 
