@@ -185,7 +185,7 @@ def test_deit_recipe_runs_with_every_augmentation(tmp_path):
 
 
 @pytest.mark.parametrize("amp", ["none", "bf16"])
-@pytest.mark.parametrize("switch", ["train.compile", "train.channels_last"])
+@pytest.mark.parametrize("switch", [pytest.param("train.compile", marks=pytest.mark.slow), "train.channels_last"])
 def test_compile_and_channels_last_train_the_same_weights(tmp_path, switch, amp):
     """torch.compile (the quickstart uses it) and channels-last change speed, not the result.
 
