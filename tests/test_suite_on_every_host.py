@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import shlex
 import subprocess
@@ -69,6 +70,22 @@ def test_the_pipeline_benchmark_trains_in_the_hosts_auto_precision(native, tmp_p
         train_pipeline.main()
     amp = ran[0][ran[0].index("--amp") + 1]
     assert amp == ("bf16" if native else "none")  # the default is the host's auto, as `resmlp train` names it
+
+
+def test_kernels_restricted_to_avx2_alone_make_auto_and_the_dry_run_fp32(tmp_path):
+    """ATEN_CPU_CAPABILITY=avx2 (the rehearsal of an AVX2-only host; oneDNN left unrestricted) runs ATen's emulated
+    bf16 kernels: native bf16 says no there, so `amp: auto` and the gpu_report dry run compute in fp32."""
+    code = ("import argparse, runpy, torch; from resmlp.hostinfo import native_bf16; "
+            "from resmlp.runtime import resolve_amp; "
+            "report = runpy.run_path('benchmarks/gpu_report.py'); "
+            "print(torch.backends.cpu.get_cpu_capability(), native_bf16(), resolve_amp('auto', torch.device('cpu')), "
+            "report['precision'](argparse.Namespace(device='cpu')))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ATEN_CPU_CAPABILITY": "avx2"}
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=hostspeed.limit(120))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["AVX2", "False", "none", "fp32"]
 
 
 def test_no_benchmark_script_writes_bf16_into_a_command_line():
