@@ -19,6 +19,7 @@ device tool limited to 10 minutes each):
 - `raw-step`: the raw training step, ours vs timm, eager and compiled, batch 128 and 256 (bf16);
 - `inference`: resmlp.inference.optimize vs timm, bf16, batch 32 and 256, eager and compiled, with the share of
   the measured bf16 matrix peak (benchmarks/inference.py);
+  (bf16 on a GPU; the CPU dry run uses the host's `amp: auto` instead: bf16 only where the CPU has it natively);
 - `pipeline`: the authors' recipe (`--recipe deit`) on a generated JPEG folder, data.pipeline device and timm,
   vs timm's parts (benchmarks/train_pipeline.py); against the raw compiled step of `trainer-vs-raw`. Then DINO's
   multi-crop (benchmarks/dino_multi_crop.py): batched on the device vs DINO's PIL transform in 14 loader workers,
@@ -87,6 +88,19 @@ def load_json(path: Path) -> object:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def precision(args) -> str:
+    """The precision the speed parts run in: bf16 on a GPU; on the CPU (the dry run) the host's `amp: auto`, bf16
+    only where the CPU computes it natively, else fp32. Emulated bf16 (an AVX2-only host, or kernels restricted
+    with ATEN_CPU_CAPABILITY=avx2) is ~60x slower than fp32: forced, it ran the dry run past its time limit."""
+    if args.device != "cpu":
+        return "bf16"
+    import torch
+
+    from resmlp.runtime import precision_name, resolve_amp
+
+    return precision_name(resolve_amp("auto", torch.device("cpu")))
+
+
 def part_cuda_tests(args, work: Path) -> dict[str, object]:
     files = ["tests/test_cuda.py", "tests/test_cuda_loop.py"] if args.tiny else []
     result = run(python("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *files), args.timeout)
@@ -127,7 +141,8 @@ def part_guard(args, work: Path) -> dict[str, object]:
 
 
 def trainer_command(args, out: Path) -> list[str]:
-    """The S12 224 px trainer on in-memory synthetic data (the batch-augment path), compiled, bf16."""
+    """The S12 224 px trainer on in-memory synthetic data (the batch-augment path), compiled, in the recipe's
+    `amp: auto` (bf16 on a GPU)."""
     size, batch, img, dim, depth = ("[256,64]", 64, 32, 32, 2) if args.tiny else ("[20480,1024]", 256, 224, 384, 12)
     sets = ["data.kind=synthetic", f"data.synthetic_size={size}", f"model.img_size={img}", "model.patch_size=16",
             f"model.dim={dim}", f"model.depth={depth}", "model.in_chans=3", f"train.batch_size={batch}",
@@ -140,7 +155,7 @@ def trainer_command(args, out: Path) -> list[str]:
 
 
 def throughput_command(args, batch: int, path: Path, variants: list[str] | None = None) -> list[str]:
-    cmd = python("benchmarks/train_throughput.py", "--device", args.device, "--precision", "bf16",
+    cmd = python("benchmarks/train_throughput.py", "--device", args.device, "--precision", precision(args),
                  "--batch", str(batch), "--json", str(path))
     if args.tiny:
         cmd += ["--config", "quickstart", "--rounds", "1", "--steps", "1", "--warmup", "0"]
@@ -181,7 +196,7 @@ def part_raw_step(args, work: Path) -> dict[str, object]:
 def part_inference(args, work: Path) -> dict[str, object]:
     path = work / "inference.json"
     cmd = python("benchmarks/inference.py", "--device", args.device, "--models", "resmlp_s12",
-                 "--precisions", "bf16", "--json", str(path))
+                 "--precisions", precision(args), "--json", str(path))
     cmd += ["--tiny", "--batch-sizes", "4", "--reps", "1", "--warmup", "2"] if args.tiny else \
         ["--batch-sizes", "32", "256", "--compile", "default"]
     result = run(cmd, args.timeout)
@@ -193,7 +208,7 @@ def part_pipeline(args, work: Path) -> dict[str, object]:
     images, epochs, batch, workers = ("64", "1", "16", "1") if args.tiny else ("10000", "2", "256", "14")
     made = run(python("benchmarks/train_pipeline.py", "--make-folder", str(folder), "--images", images), args.timeout)
     cmd = python("benchmarks/train_pipeline.py", "--folder", str(folder), "--device", args.device, "--epochs", epochs,
-                 "--batch", batch, "--workers", workers, "--json", str(path))
+                 "--batch", batch, "--workers", workers, "--precision", precision(args), "--json", str(path))
     # the recipe's own pipeline (device) and the timm reference; the dry run only the recipe's, to stay short
     cmd += ["--pipelines", "device"] + ([] if args.tiny else ["timm"])
     start = time.perf_counter()

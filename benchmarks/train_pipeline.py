@@ -2,7 +2,7 @@
 built from timm's own parts, and where the input pipeline's time goes.
 
     .venv/bin/python benchmarks/train_pipeline.py --folder DIR [--device cuda] [--epochs 3] [--batch 256]
-        [--workers 14] [--precision bf16] [--json out.json]
+        [--workers 14] [--precision auto] [--json out.json]
     .venv/bin/python benchmarks/train_pipeline.py --make-folder DIR --images 2000   # a folder of random JPEGs
 
 Baseline ("timm parts"): timm.data.create_dataset + create_loader with the recipe's arguments (RandAugment
@@ -10,6 +10,8 @@ rand-m9-mstd0.5-inc1, bicubic random-resized crop, flip, erasing 0.25, pinned me
 augmentations only under torch.distributed, so a one-process baseline runs without the recipe's 3 repeats: they
 change which images an epoch holds, not what an image costs),
 timm's Mixup/CutMix (0.8 / 1.0, smoothing 0.1) and SoftTargetCrossEntropy, timm's resmlp_12_224, LAMB, autocast.
+Precision: `auto` (the default) is `amp: auto` on the device: bf16 on a GPU, on a CPU bf16 only where it is native
+(else fp32: emulated bf16 is ~60x slower), both sides in the same one.
 Ours: the `resmlp train` command itself, in a subprocess, with the same batch, workers, precision and epochs,
 once per `--pipelines` (data.pipeline device: decoding and augmentation on the device; timm: timm's transform in
 the workers).
@@ -39,6 +41,7 @@ import resmlp
 from resmlp.fileio import write_json
 from resmlp.hostinfo import host_info
 from resmlp.preprocess import _with_zero_bit_posterize
+from resmlp.runtime import precision_name, resolve_amp
 
 RECIPE_AUGMENT = dict(auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, interpolation="bicubic", hflip=0.5,
                       scale=(0.08, 1.0), color_jitter=None)  # = src/resmlp/recipes/deit.yaml's data section
@@ -154,7 +157,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--workers", type=int, default=max((os.cpu_count() or 2) - 2, 1))
-    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="bf16")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                        help="auto (default): bf16 on a GPU and on a CPU with native bf16, else fp32 (amp: auto)")
     parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto")
     parser.add_argument("--profile", action="store_true", help="time the pipeline's parts on one core first")
     parser.add_argument("--only", choices=("ours", "timm"), help="run one side only")
@@ -169,7 +173,11 @@ def main() -> None:
         return
     if args.folder is None or not (args.folder / "train").is_dir():
         parser.error("--folder DIR needs DIR/train/<class>/ images (or make one with --make-folder)")
-    host = {**host_info(), "resmlp": getattr(resmlp, "__version__", "dev"), "device": args.device,
+    try:  # auto: the host's amp: auto, so both sides and the JSON name the precision that ran
+        args.precision = precision_name(resolve_amp(args.precision, torch.device(args.device)))
+    except ValueError as err:  # fp16 on the CPU
+        parser.error(str(err))
+    host = {**host_info(args.precision), "resmlp": getattr(resmlp, "__version__", "dev"), "device": args.device,
             "cpu_cores": os.cpu_count()}
     if args.device.startswith("cuda"):
         host["gpu"] = torch.cuda.get_device_name(torch.device(args.device))

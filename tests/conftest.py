@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
+from hostspeed import timed_out_message
 
 from resmlp.models.resmlp import ResMLP, ResMLPConfig
 
@@ -71,6 +74,27 @@ def pytest_report_header(config) -> str:
     from resmlp.hostinfo import host_line
 
     return host_line()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A subprocess time limit (`hostspeed.limit`) that expires fails the test in one line naming the limit, the
+    host scale and the command, not a TimeoutExpired traceback."""
+    try:
+        return (yield)
+    except subprocess.TimeoutExpired as err:
+        message = timed_out_message(err)
+    pytest.fail(message, pytrace=False)  # outside the except: no "during handling" chain
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """The same for a fixture's command (a run trained once for a module's tests)."""
+    try:
+        return (yield)
+    except subprocess.TimeoutExpired as err:
+        message = timed_out_message(err)
+    pytest.fail(message, pytrace=False)  # outside the except: no "during handling" chain
 
 
 # How far two training runs that differ only in rounding (compile vs eager, two processes vs one, accumulation

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hostspeed import limit
 
 import resmlp
 
@@ -91,7 +92,7 @@ def test_every_module_imports():
     with the acyclic graph above, that is each module importing alone."""
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"
     modules = sorted(MODULES, key=lambda m: -m.count("."))
-    done = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=limit(300))
     assert done.returncode == 0, done.stderr[-1500:]
 
 
@@ -99,7 +100,7 @@ def test_every_module_imports():
 def test_cli_help_imports_no_torch(argv):
     code = ("import sys\nfrom resmlp.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "assert 'torch' not in sys.modules, 'the CLI imported torch to print its help'")
-    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=limit(60))
     assert done.returncode == 0, done.stderr[-1500:]
 
 

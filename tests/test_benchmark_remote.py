@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hostspeed import limit
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -22,7 +23,7 @@ def test_remote_streaming_benchmark_reports_every_reader(tmp_path):
     cmd = [sys.executable, str(root / "benchmarks" / "remote_streaming.py"), "--images", "24", "--classes", "2",
            "--image-size", "32", "--shard-records", "8", "--repeats", "1", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=limit(900))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert set(report["streaming"]) == {"local", "http", "s3"}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hostspeed import limit
 from PIL import Image
 
 from resmlp.cli import main
@@ -82,7 +83,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(fmt):
     proc = subprocess.Popen([sys.executable, "-m", "resmlp", "models", "--format", fmt],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     proc.stdout.close()  # before the command has written anything: its first write meets a closed pipe
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=limit(120))
     assert b"Traceback" not in err and b"BrokenPipe" not in err
     assert proc.returncode == 141
 

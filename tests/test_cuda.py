@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_same_training, build_fast
+from hostspeed import limit
 from safetensors.torch import load_file
 from test_train_engine import initial_weights
 from test_train_resume import KILLED_CHILD
@@ -99,7 +100,8 @@ def step_gradient(model: torch.nn.Module, images: torch.Tensor, targets: torch.T
     return torch.cat([p.grad.flatten().double() for p in params])
 
 
-@pytest.mark.parametrize(("device", "amp"), [("cpu", "bf16"), pytest.param("cuda", "bf16", marks=CUDA),
+@pytest.mark.parametrize(("device", "amp"), [pytest.param("cpu", "bf16", marks=pytest.mark.hosttype),
+                                             pytest.param("cuda", "bf16", marks=CUDA),
                                              pytest.param("cuda", "fp16", marks=CUDA)])
 def test_a_mixed_precision_step_agrees_with_fp32(device, amp):
     model = build_fast(ResMLPConfig(img_size=16, patch_size=4, in_chans=3, dim=32, depth=2, num_classes=10))
@@ -137,15 +139,15 @@ def test_sigkill_resume_on_the_gpu_is_bit_identical_in_fp32(tmp_path, monkeypatc
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
     overrides = {**RESUME_OVERRIDES, "train.amp": "none", "train.device": "cuda", "train.deterministic": True}
     killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "killed"), json.dumps(overrides)],
-                            capture_output=True, text=True, timeout=TIMEOUT)
+                            capture_output=True, text=True, timeout=limit(TIMEOUT))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     state = torch.load(tmp_path / "killed" / "last.pth", weights_only=True)
     assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (1, 2, 8)
     resumed = subprocess.run([sys.executable, "-m", "resmlp", "train", "--output", str(tmp_path / "killed"),
-                              "--resume", *sets(overrides)], capture_output=True, text=True, timeout=TIMEOUT)
+                              "--resume", *sets(overrides)], capture_output=True, text=True, timeout=limit(TIMEOUT))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     straight = subprocess.run([sys.executable, "-m", "resmlp", "train", "--output", str(tmp_path / "straight"),
-                               *sets(overrides)], capture_output=True, text=True, timeout=TIMEOUT)
+                               *sets(overrides)], capture_output=True, text=True, timeout=limit(TIMEOUT))
     assert straight.returncode == 0, straight.stderr[-2000:]
     for name in ("last.safetensors", "best.safetensors"):
         a, b = load_file(tmp_path / "killed" / name), load_file(tmp_path / "straight" / name)
@@ -176,7 +178,7 @@ def written_files(run: Path) -> list[str]:
 @CUDA
 def test_torchrun_one_nccl_process_writes_what_one_process_writes(tmp_path, no_tf32):
     ddp = subprocess.run([torchrun(), "--standalone", "--nproc_per_node=1", "-m", "resmlp", "train", "--output",
-                          str(tmp_path / "ddp"), *sets(GPU)], capture_output=True, text=True, timeout=TIMEOUT,
+                          str(tmp_path / "ddp"), *sets(GPU)], capture_output=True, text=True, timeout=limit(TIMEOUT),
                          env={**os.environ, "NVIDIA_TF32_OVERRIDE": "0"})
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     train("fashion-mnist-quick", tmp_path / "one", overrides=GPU)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hostspeed import limit
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -71,7 +72,7 @@ def test_the_deit_recipe_trains_on_two_gloo_processes(sources, tmp_path, name):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     ddp = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "resmlp", "train", "--recipe", "deit",
                           "--output", str(tmp_path / "ddp"), *_sets(_overrides(name, sources))],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=limit(300))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     assert summary["world_size"] == 2
@@ -109,7 +110,7 @@ def test_kill_mid_epoch_then_resume_gives_the_uninterrupted_weights(sources, tmp
     exactly the records it trained on, with the same augmentation."""
     overrides = _overrides(name, sources, **{"train.deterministic": True, "train.checkpoint_every_steps": 1})
     killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "killed"), json.dumps(overrides)],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=limit(300))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     other_layout = {**overrides, "data.num_workers": 1}  # the position counts batches of 0 workers' layout
     assert main(["train", "--recipe", "deit", "--output", str(tmp_path / "killed"), "--resume",

@@ -11,6 +11,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import device_pipeline_accuracy as accuracy  # noqa: E402
 import device_pipeline_cpu as cpu  # noqa: E402
+from hostspeed import limit  # noqa: E402
 
 
 def test_the_cpu_benchmark_times_both_pipelines_side_by_side():
@@ -33,7 +34,7 @@ def test_the_photo_jpegs_are_imagenet_sized():
 def test_the_accuracy_benchmark_runs_both_pipelines_and_judges_the_spread(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_pipeline_accuracy.py"), "--out",
                            str(tmp_path), "--epochs", "1", "--seeds", "0", "--batch", "8", "--tiny"],
-                          capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(ROOT / "src"),
+                          capture_output=True, text=True, timeout=limit(600), env={"PYTHONPATH": str(ROOT / "src"),
                                                                             "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
     table = (tmp_path / "accuracy.md").read_text()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hostspeed import limit
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,5 +114,5 @@ def test_snippet_runs(snippet: Snippet, tmp_path: Path):
         provide(needed, tmp_path)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-c", snippet.code], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=TIMEOUT_S)
+                            text=True, timeout=limit(TIMEOUT_S))
     assert result.returncode == 0, f"{snippet.source} failed:\n{snippet.code}\n--- stderr ---\n{result.stderr[-3000:]}"

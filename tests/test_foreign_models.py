@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from hostspeed import limit
 
 import resmlp
 from resmlp.cli import main
@@ -78,7 +79,7 @@ def test_the_command_line_prints_a_note_as_one_line(tmp_path):
 
     result = subprocess.run([sys.executable, "-m", "resmlp", "train", "--model", "timm:resnet10t", "--output",
                              str(tmp_path / "run"), *TINY, "--set", "model.bogus=1"], capture_output=True, text=True,
-                            timeout=120)
+                            timeout=limit(120))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("resmlp train: note: model timm:resnet10t:") and RESMLP_ONLY in lines[0]

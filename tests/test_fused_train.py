@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_trained_like_
+from hostspeed import limit
 
 from resmlp.models import fused_block
 from resmlp.models.fused_block import FusedBlockFunction, fusable, set_fused_training
@@ -87,6 +88,7 @@ def test_drop_path_is_applied_by_the_fused_step():
     assert rel_err(outs[0], eval_out) > 1e-3
 
 
+@pytest.mark.hosttype
 @pytest.mark.parametrize("drop_path_rate", [0.0, 0.3])
 def test_fused_step_under_bf16_autocast_is_as_close_to_float64_as_the_plain_one(drop_path_rate):
     fused, plain = make_pair(torch.float32, drop_path_rate=drop_path_rate)
@@ -147,7 +149,7 @@ def test_benchmark_smoke_writes_host_and_ratios(tmp_path):
     # kernels restricted to AVX2 (an AVX2 host's rehearsal): no native bf16, so the default measures fp32 only
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2",
            "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120)
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=limit(120))
     data = json.loads(out.read_text())
     assert {"cpu", "cpu_capability", "native_bf16", "threads", "torch", "timm"} <= data["host"].keys()
     assert data["host"]["native_bf16"] is False and len(data["results"]) == 1

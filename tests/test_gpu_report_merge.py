@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hostspeed
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def _merge(*paths: Path, out: Path, memory_mib: int = 1024) -> subprocess.Comple
     code = f"{limit}; import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
     cmd = [sys.executable, "-c", code, str(SCRIPT), "--merge", *map(str, paths), "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=hostspeed.limit(60), env=env)
 
 
 def _refused(done: subprocess.CompletedProcess, *words: str) -> None:

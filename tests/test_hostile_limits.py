@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostspeed import limit
 
 from resmlp.cli import main
 from resmlp.complexity import count_params, training_memory_bytes
@@ -199,7 +200,7 @@ def test_a_file_size_limit_is_one_line_for_torch_save_and_torchscript(tmp_path):
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     done = subprocess.run([sys.executable, "-c", WRITE_UNDER_A_SIZE_LIMIT, str(tmp_path)], capture_output=True,
-                          text=True, timeout=120, env=env)
+                          text=True, timeout=limit(120), env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 2 and all("the file would exceed the largest file" in line for line in lines), lines

@@ -45,6 +45,7 @@ def test_features_equal_the_models_pre_logits_and_leave_it_unchanged(overrides):
         torch.testing.assert_close(fast(x), want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.hosttype
 def test_bf16_features_stay_close_in_cosine_and_other_models_use_their_own_pre_logits():
     model = build_fast(ResMLPConfig(**TINY).replace(depth=4), seed=5)
     with warnings.catch_warnings():
@@ -74,6 +75,7 @@ def test_token_major_model_keeps_the_input_checks():
         fast(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
 
 
+@pytest.mark.hosttype
 def test_bf16_keeps_top1_and_returns_fp32():
     model = build_fast(ResMLPConfig(**TINY).replace(num_classes=10, depth=4), seed=2)
     with warnings.catch_warnings():

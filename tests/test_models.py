@@ -118,6 +118,7 @@ def test_bad_input_is_a_clear_value_error(x, match, tiny_config):
         ResMLP(tiny_config)(x)
 
 
+@pytest.mark.hosttype
 def test_bf16_autocast_accepts_float_input(tiny_config):
     model = ResMLP(tiny_config).eval()
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from hostspeed import limit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,7 @@ def _load():
 def test_the_tiny_form_runs_and_writes_its_figures(tmp_path):
     out = tmp_path / "ops.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "op_fidelity.py"), "--tiny", "--json", str(out)],
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=limit(600))
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(out.read_text())["ops"]
     assert "| Rotate (bicubic) |" in done.stdout and "GaussianBlur (DINO)" in figures

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostspeed import limit
 from safetensors.torch import load_file
 from test_device_pipeline import make_jpeg_folder
 
@@ -283,7 +284,7 @@ def test_under_torchrun_rank_0_decides_and_every_rank_trains_on_its_choice(folde
     sets = [f"--set={k}={json.dumps(v)}" for k, v in {**SETS, "schedule.epochs": 1}.items()]
     done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "resmlp", "train", "--recipe", "deit",
                            "--data-dir", str(folder), "--output", str(tmp_path / "ddp"), *sets],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=limit(600))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("data.pipeline auto:") == 1  # rank 0 measured; rank 1 took its choice
     recorded = summary(tmp_path / "ddp")

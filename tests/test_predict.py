@@ -83,6 +83,7 @@ def test_bad_output_suffix_is_refused_before_work(setup, capsys):
     assert ".json or .csv" in capsys.readouterr().err
 
 
+@pytest.mark.hosttype
 def test_optimized_bf16_predictions_match_fp32_on_images(setup):
     root, _, model, meta = setup
     pre = Preprocess.from_metadata(meta, model)

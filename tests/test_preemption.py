@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from hostspeed import limit
 from safetensors.torch import load_file
 
 from resmlp.train import train
@@ -50,11 +51,12 @@ def sets(overrides: dict) -> list[str]:
     return [arg for key, value in overrides.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
 
 
+@pytest.mark.slow
 def test_sigterm_in_the_first_epoch_stops_with_a_state_and_the_printed_command_resumes_it_exactly(tmp_path):
     run = tmp_path / "preempted"
     stopped = subprocess.run([sys.executable, "-c", SIGNALLED_CHILD, "SIGTERM", "train", "--recipe",
                               "fashion-mnist-quick", "--output", str(run), *sets(OVERRIDES)],
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=limit(300))
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     assert "SIGTERM received: stopping after this step" in stopped.stderr
     state = torch.load(run / "last.pth", weights_only=True)
@@ -64,7 +66,7 @@ def test_sigterm_in_the_first_epoch_stops_with_a_state_and_the_printed_command_r
     command = [line.split(": ", 1)[1] for line in stopped.stdout.splitlines() if "continue it with:" in line]
     assert command == [shlex.join(["resmlp", "train", "--output", str(run), "--resume"])]
     words = shlex.split(command[0])
-    resumed = subprocess.run([sys.executable, "-m", *words], capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run([sys.executable, "-m", *words], capture_output=True, text=True, timeout=limit(300))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
     train("fashion-mnist-quick", tmp_path / "straight", overrides=OVERRIDES)  # uninterrupted, in this process
@@ -130,7 +132,7 @@ def test_a_signal_to_the_whole_job_with_data_loader_workers_still_stops_cleanly(
     overrides = {k: v for k, v in OVERRIDES.items() if not k.startswith(("data.", "model.img_size"))}
     stopped = subprocess.run([sys.executable, "-c", child, "SIGTERM", "train", "--recipe", "fashion-mnist-quick",
                               "--output", str(run), *sets(overrides), *flags],
-                             capture_output=True, text=True, timeout=120, start_new_session=True)
+                             capture_output=True, text=True, timeout=limit(120), start_new_session=True)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     assert "Traceback" not in stopped.stderr and "RuntimeError" not in stopped.stderr, stopped.stderr[-2000:]
     assert torch.load(run / "last.pth", weights_only=True)["global_step"] == 3

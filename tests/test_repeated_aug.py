@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from hostspeed import limit
 from timm.data.distributed_sampler import RepeatAugSampler
 
 from resmlp.data.loading.samplers import SAME_STEP, SPREAD, ResumableSampler, repeat_placement
@@ -125,7 +126,7 @@ def test_two_processes_train_with_repeats_on_255_images(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "resmlp", "train",
                            "--recipe", "fashion-mnist-quick", "--output", str(tmp_path / "run"), *sets],
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=limit(600))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2

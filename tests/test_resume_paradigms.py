@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from hostspeed import limit
 from safetensors.torch import load_file
 
 import resmlp
@@ -60,7 +61,8 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path, paradig
                                     depth=2), checkpoint)
     overrides = COMMON if paradigm == "finetune" else DINO
     killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, paradigm, str(tmp_path / "killed"),
-                             json.dumps(overrides), str(checkpoint)], capture_output=True, text=True, timeout=300)
+                             json.dumps(overrides), str(checkpoint)], capture_output=True, text=True,
+                            timeout=limit(300))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     state = torch.load(tmp_path / "killed" / "last.pth", weights_only=True)
     assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (1, 2, 6)
@@ -109,7 +111,7 @@ def test_translate_train_killed_then_resumed_gives_identical_weights(tmp_path):
                   model_overrides={"max_len": 24, "dropout": 0.1})
     killed_out, straight_out = tmp_path / "killed", tmp_path / "straight"
     child = [sys.executable, "-c", KILLED_TRANSLATION, json.dumps({**config, "output": str(killed_out)})]
-    killed = subprocess.run(child, capture_output=True, text=True, timeout=300)
+    killed = subprocess.run(child, capture_output=True, text=True, timeout=limit(300))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     state = torch.load(killed_out / CHECKPOINT, weights_only=True)
     assert state["step"] == 8 and state["batch_in_epoch"] > 0  # resumed mid-epoch, not at its start

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostspeed import limit
 from safetensors.torch import load_file
 
 from resmlp import runtime
@@ -151,7 +152,7 @@ def test_two_processes_join_from_slurm_variables_alone(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", SLURM_CHILD], env={**env, "SLURM_PROCID": str(r),
                                                                         "SLURM_LOCALID": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outputs = [p.communicate(timeout=120) for p in procs]
+    outputs = [p.communicate(timeout=limit(120)) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-1500:] for o in outputs]
     assert sorted(o[0].split() for o in outputs) == [["0", "2", "3"], ["1", "2", "3"]]
 

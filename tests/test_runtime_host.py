@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+from hostspeed import limit
 
 from resmlp import hostinfo, runtime
 
@@ -134,7 +135,7 @@ REALLOCATION_FAULTS = textwrap.dedent("""
 @pytest.mark.skipif(not runtime.glibc_malloc(), reason="the allocator setting is glibc's")
 def test_training_settings_keep_freed_memory_and_give_it_back_afterwards():
     done = subprocess.run([sys.executable, "-c", REALLOCATION_FAULTS], capture_output=True, text=True, check=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=limit(120))
     result = json.loads(done.stdout)
     pages = 64 * 2**20 // os.sysconf("SC_PAGE_SIZE")
     assert result["default"] > pages // 2  # mmapped afresh every time

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostspeed import limit
 from num2words import num2words
 
 from resmlp.cli import main
@@ -100,7 +101,7 @@ def test_torchrun_ddp_two_gloo_processes(corpus, tmp_path):
            "--vocab-size", "150", "--max-tokens", "512", "--optimizer", "adam", "--lr", "3e-3",
            "--warmup-steps", "5", "--max-steps", "6", "--eval-every", "3", "--beam", "1", "--output", str(out),
            "--device", "cpu"]  # gloo on the CPU, whether or not a GPU is visible
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    subprocess.run(cmd, check=True, capture_output=True, timeout=limit(300))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 6 and "exact_match" in summary
     rows = [r for r in csv.DictReader((out / "log.csv").read_text().splitlines()) if r["valid_loss"]]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_same_training
+from hostspeed import limit
 from safetensors.torch import load_file
 from test_train_engine import initial_weights
 
@@ -99,7 +100,7 @@ def recorded_keys(tmp_path: Path, record: str) -> list[tuple[int, ...]]:
 
 
 def run(command: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, **kw)
+    return subprocess.run(command, capture_output=True, text=True, timeout=limit(TIMEOUT), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,7 @@ def test_two_nodes_with_c10d_rendezvous_match_one_process(tmp_path, straight):
     nodes = [subprocess.Popen(node, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(2)]
     try:
-        errors = [p.communicate(timeout=TIMEOUT)[1] for p in nodes]
+        errors = [p.communicate(timeout=limit(TIMEOUT))[1] for p in nodes]
     finally:
         for p in nodes:
             if p.poll() is None:

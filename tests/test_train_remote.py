@@ -23,6 +23,7 @@ from resmlp.cli import main
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
+from hostspeed import limit  # noqa: E402
 from remote_servers import FaultProxy, http_server, s3_server, upload  # noqa: E402
 
 TINY = {
@@ -38,6 +39,7 @@ import json, os, signal, sys
 from resmlp.train import train
 from resmlp.train.config import load_config
 from resmlp.train.tasks import SupervisedTask
+from hostspeed import limit
 class KillAtStepSix(SupervisedTask):
     def build_loss(self, trainer, num_classes):
         inner, calls = super().build_loss(trainer, num_classes), {"n": 0}
@@ -77,7 +79,7 @@ def test_killed_mid_epoch_over_s3_then_resumed_gives_the_uninterrupted_weights(s
         overrides = {**TINY, "data.source": "wds:s3://bkt/imagenet-wds/", "data.endpoint_url": endpoint,
                      "train.deterministic": True, "train.checkpoint_every_steps": 1}
         killed = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(tmp_path / "killed"), json.dumps(overrides)],
-                                capture_output=True, text=True, timeout=600)
+                                capture_output=True, text=True, timeout=limit(600))
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
         state = torch.load(tmp_path / "killed" / "last.pth", weights_only=True)
         assert state["step_in_epoch"] == 1 and state["stream_shards"]  # mid-epoch 2, the listing's digest kept
@@ -94,7 +96,7 @@ def test_two_gloo_processes_each_read_their_share_over_http(shards, tmp_path):
         overrides = {**TINY, "data.source": f"wds:{proxy.url}/"}
         ddp = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "resmlp", "train", "--recipe",
                               "deit", "--output", str(tmp_path / "ddp"), *_sets(overrides)],
-                             capture_output=True, text=True, timeout=600)
+                             capture_output=True, text=True, timeout=limit(600))
         assert ddp.returncode == 0, ddp.stderr[-3000:]
         reads = Counter(path for method, path in proxy.requests if method == "GET" and "/train-" in path)
     assert json.loads((tmp_path / "ddp" / "summary.json").read_text())["world_size"] == 2

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hostspeed import limit
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "translation.md"
 pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "paste", "awk", "cut", "wc")),
@@ -31,7 +32,8 @@ def _run(tmp_path: Path, en: list[str], de: list[str]) -> subprocess.CompletedPr
     (tmp_path / "DIR").mkdir()
     (tmp_path / "corpus.en").write_text("".join(line + "\n" for line in en), encoding="utf-8")
     (tmp_path / "corpus.de").write_text("".join(line + "\n" for line in de), encoding="utf-8")
-    return subprocess.run(["bash", "-c", _pairing_block()], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    return subprocess.run(["bash", "-c", _pairing_block()], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=limit(60))
 
 
 def test_aligned_corpora_are_paired_without_their_empty_or_tabbed_pairs(tmp_path):
