@@ -759,16 +759,17 @@ def _(d: Path):
 
 @case("M16 `dino.local_size=4096 dino.num_local=64`; 100,000 synthetic classes (confusion matrix)")
 def _(d: Path):
+    from resmlp.complexity import evaluation_memory_bytes
     from resmlp.train.config import load_config
 
-    messages = []
-    for recipe, overrides in (("dino-fashion-mnist", {"dino.local_size": 4096, "dino.num_local": 64}),
-                              ("fashion-mnist-quick", {"data.kind": "synthetic", "data.synthetic_classes": 100_000})):
-        try:
-            load_config(recipe, overrides)
-        except ResmlpError as e:
-            messages.append(str(e).splitlines()[-1].strip()[:80])
-    return len(messages) == 2, " / ".join(messages)
+    try:
+        load_config("dino-fashion-mnist", {"dino.local_size": 4096, "dino.num_local": 64})
+        refused = ""
+    except ResmlpError as e:
+        refused = str(e).splitlines()[-1].strip()[:80]
+    # 100,000 classes: the evaluation sums per-class counts, not a K x K matrix (issue 55), so the run is bounded
+    counts = evaluation_memory_bytes(100_000)
+    return bool(refused) and counts < 2**24, f"{refused} / 100,000 classes: {counts / 2**20:.1f} MiB of counts"
 
 
 @case("M17 a symlink swapped in at OUT/tensorboard after the check")
@@ -1625,7 +1626,7 @@ def _(d: Path):
     (cached,) = (d / "cache" / "data_index").glob("train-*.npz")
     with np.load(cached) as saved:
         arrays = dict(saved)
-    names = PackedNames.pack(["../../../etc/passwd"] * len(arrays["labels"]))
+    names = PackedNames.pack(["../../../etc/passwd"] * (len(arrays["offsets"]) - 1))
     arrays.update(buffer=names.buffer, offsets=names.offsets)
     np.savez(cached, **arrays)
     try:

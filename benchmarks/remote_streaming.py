@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from resmlp.fileio import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # remote_servers: the test suite's loopback servers
 
@@ -86,9 +88,9 @@ def timm_copy(shards: Path, out: Path, classes: int) -> Path:
     train = json.loads((shards / "index.json").read_text())["splits"]["train"]
     for shard in train:
         shutil.copy(shards / shard["name"], out)
-    (out / "_info.json").write_text(json.dumps({"name": "bench", "num_classes": classes, "splits": {"train": {
+    write_json(out / "_info.json", {"name": "bench", "num_classes": classes, "splits": {"train": {
         "name": "train", "num_samples": sum(s["samples"] for s in train), "filenames": [s["name"] for s in train],
-        "shard_lengths": [s["samples"] for s in train]}}}))
+        "shard_lengths": [s["samples"] for s in train]}}})
     return out
 
 

@@ -61,12 +61,16 @@ def test_a_timm_model_that_cant_take_its_arguments_is_a_config_error_naming_them
 
 
 def test_the_memory_estimate_counts_the_confusion_matrix_and_the_dino_head(monkeypatch):
-    monkeypatch.setattr("resmlp.runtime.physical_memory_bytes", lambda: 4 << 30)
+    from resmlp.complexity import CONFUSION_MAX_CLASSES
+
+    monkeypatch.setattr("resmlp.runtime.physical_memory_bytes", lambda: 1 << 27)
     tiny = {"data.kind": "synthetic", "model.img_size": 16, "model.patch_size": 4, "model.dim": 16,
             "model.depth": 1}
     load_config(QUICK, tiny)  # fits
-    with pytest.raises(ConfigError, match="30000 classes.*confusion matrix"):
-        load_config(QUICK, {**tiny, "data.synthetic_classes": 30000})  # 6.7 GiB at evaluation
+    with pytest.raises(ConfigError, match=f"{CONFUSION_MAX_CLASSES} classes.*confusion matrix"):
+        load_config(QUICK, {**tiny, "data.synthetic_classes": CONFUSION_MAX_CLASSES})  # 235 MB with its copies
+    # above it the evaluation sums two per-class vectors (resmlp.evaluation.classify): 30,000 classes fit
+    load_config(QUICK, {**tiny, "data.synthetic_classes": 30000})
     with pytest.raises(ConfigError, match="with DINO"):
         load_config("dino-fashion-mnist", {**tiny, "dino.out_dim": 1048576})
 
