@@ -17,6 +17,7 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 
+@pytest.mark.slow
 def test_remote_streaming_benchmark_reports_every_reader(tmp_path):
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "remote.json"

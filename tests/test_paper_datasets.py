@@ -505,6 +505,7 @@ def test_the_stratified_validation_carve_draws_as_a_per_class_scan_does():
 
 
 # ------------------------------------------------------------------------------------------------ benchmark
+@pytest.mark.slow
 def test_the_in21k_listing_benchmark_runs_in_its_tiny_form(tmp_path, form="download"):
     """benchmarks/in21k_listing.py at 5 classes of 2 images: a first and a cached start, both listing every image
     (the figure itself is measured with --classes 21841 on an idle host)."""

@@ -162,6 +162,7 @@ def straight(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow  # three torchrun/srun launches, each run twice (about 45 s idle)
 @pytest.mark.parametrize(("launcher", "how", "name"), [
     ("torchrun", "self", "SIGUSR1"),  # SLURM's warning signal to one rank only
     ("torchrun", "launcher", "SIGINT"),  # Ctrl-C on torchrun: it forwards SIGINT to every worker
