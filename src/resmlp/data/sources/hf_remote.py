@@ -14,7 +14,6 @@ Always streamed: a map-style read would fetch each image by its own request.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -22,7 +21,15 @@ from typing import Any, BinaryIO
 
 from resmlp.data.records import Payload, Source, SourceSpec, Unreadable, check_class_names, optional_module
 from resmlp.data.sources.hf import IMAGE_COLUMNS, LABEL_COLUMNS, SPLIT_WORDS
-from resmlp.data.sources.remote import ObjectStat, RemoteOptions, filesystem, open_object, retried, stat_all
+from resmlp.data.sources.remote import (
+    ObjectStat,
+    RemoteOptions,
+    filesystem,
+    fingerprint,
+    open_object,
+    retried,
+    stat_all,
+)
 from resmlp.data.sources.shard_cache import shard_records
 from resmlp.data.sources.streams import ShardedRecords, checked_label
 from resmlp.data.sources.wds import MAX_SHARDS, SPLIT_NAMES, expansions
@@ -40,10 +47,7 @@ class ParquetShards(ShardedRecords):
         self.stats, self.image, self.label, self.options = stats, image, label, options
 
     def fingerprint(self) -> str:
-        digest = hashlib.sha256()
-        for obj in self.stats:
-            digest.update(f"{obj.url}\0{obj.size}\0{obj.etag}\0".encode())
-        return digest.hexdigest()
+        return fingerprint(self.stats)
 
     def read_shard(self, index: int) -> Iterator[tuple[str, Payload, int]]:
         yield from shard_records(self.stats[index], self.options, self._rows)

@@ -17,6 +17,7 @@ for every store when it ends; a difference is a `ChangedError`, never trained on
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import time
@@ -75,6 +76,14 @@ class ObjectStat:
     url: str
     size: int
     etag: str | None
+
+
+def fingerprint(stats: list[ObjectStat]) -> str:
+    """A digest of objects' URLs, sizes and ETags as listed: the state's check that a resume reads the same."""
+    digest = hashlib.sha256()
+    for obj in stats:
+        digest.update(f"{obj.url}\0{obj.size}\0{obj.etag}\0".encode())
+    return digest.hexdigest()
 
 
 _FILESYSTEMS: dict[tuple, Any] = {}

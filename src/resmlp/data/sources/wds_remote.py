@@ -14,7 +14,6 @@ resmlp.data.sources.shard_cache.
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from resmlp.data.sources.remote import (
     ObjectStat,
     RemoteError,
     RemoteOptions,
+    fingerprint,
     join,
     read_small,
     stat_all,
@@ -46,10 +46,7 @@ class RemoteShards(ShardFiles):
 
     def fingerprint(self) -> str:
         """A digest of the shards' URLs, sizes and ETags as listed."""
-        digest = hashlib.sha256()
-        for obj in self.stats:
-            digest.update(f"{obj.url}\0{obj.size}\0{obj.etag}\0".encode())
-        return digest.hexdigest()
+        return fingerprint(self.stats)
 
     def read_shard(self, index: int) -> Iterator[tuple[str, Payload, int]]:
         yield from shard_records(self.stats[index], self.options, self._read_stream)
