@@ -140,8 +140,8 @@ def test_each_device_path_uploads_once_a_batch_and_never_waits(name):
 
 def test_the_uint8_finish_copies_nothing_per_batch():
     """DeviceFinish (timm's path: uint8 from the workers, normalised on the device): its statistics go up once;
-    per batch no copy at all. Without erasing its ops are a constant few; timm's RandomErasing, which it runs as
-    timm's PrefetchLoader does, is a loop over the batch's images (ops, never a host wait)."""
+    per batch no copy without erasing, and with erasing one pinned upload of the boxes. Its ops are a constant few
+    whatever the batch, erasing included (timm's RandomErasing loops over the images: ops grew with the batch)."""
     for reprob in (0.0, 1.0):
         counts = {}
         for batch in (SMALL, LARGE):
@@ -153,10 +153,9 @@ def test_the_uint8_finish_copies_nothing_per_batch():
                 with op_counts.OpCounter() as counter:
                     out = finish(images)
             assert is_fake_cuda(out) and out.dtype == torch.float32
-            assert ledger.events == [] and ledger.uploads == [], (reprob, ledger.per_site())
+            assert ledger.events == [] and len(ledger.uploads) == (reprob > 0), (reprob, ledger.per_site())
             counts[batch] = counter.total
-        if reprob == 0.0:
-            assert counts[SMALL] == counts[LARGE] <= 4, counts
+        assert counts[SMALL] == counts[LARGE] <= (4 if reprob == 0.0 else 40), counts
 
 
 def test_evaluation_batches_upload_once_a_batch_and_read_once_an_evaluation():

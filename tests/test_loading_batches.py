@@ -117,3 +117,27 @@ def test_the_uint8_transport_benchmark_runs_at_tiny_size(tmp_path, monkeypatch):
     sent = {name: row["bytes_per_image"] for name, row in results.items()}
     assert sent == {"float32 from the workers": 4 * 3 * 16 * 16, "uint8 from the workers": 3 * 16 * 16,
                     "timm prefetcher loader": 3 * 16 * 16}
+
+
+@pytest.mark.parametrize("recount", [1, 3])
+def test_batched_erasing_erases_timms_boxes_in_timms_order(recount):
+    """DeviceFinish's batched erasing (finish.erase_boxes + paint_boxes) against timm's RandomErasing, the
+    library it twins: with the same `random` state, the same boxes of the same images (const fill makes them
+    visible), the later of two overlapping boxes winning (rand fill), and a box count that does not change the
+    number of ops."""
+    from timm.data.random_erasing import RandomErasing
+
+    from resmlp.data.loading.finish import erase_boxes, paint_boxes
+
+    for seed in range(8):
+        x = torch.randn(12, 3, 20, 24, generator=torch.Generator().manual_seed(seed))
+        random.seed(seed)
+        theirs = RandomErasing(0.6, mode="const", max_count=recount, device="cpu")(x.clone())
+        random.seed(seed)
+        boxes = erase_boxes(12, 20, 24, 0.6, recount)
+        ours = paint_boxes(x.clone(), torch.tensor(boxes), "const") if boxes else x
+        assert torch.equal(ours, theirs), seed
+    overlapping = torch.tensor([[0, 0, 0, 10, 10], [0, 5, 5, 10, 10]])
+    painted = paint_boxes(torch.zeros(1, 3, 20, 20), overlapping, "rand")
+    assert torch.equal(painted[0, :, 7, 7], painted[0, :, 14, 14])  # the overlap has the second box's colour
+    assert not torch.equal(painted[0, :, 2, 2], painted[0, :, 14, 14])
